@@ -1,0 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
+"""RMM memory resources that make freeing GPU memory safe while kernels may still use it.
+
+>>> import rmm, rmm_fences
+>>> mr = rmm_fences.SyncOnFreeResourceAdaptor(rmm.mr.CudaAsyncMemoryResource())
+>>> rmm.mr.set_current_device_resource(mr)
+"""
+
+import rmm  # noqa: F401  (loads librmm.so, which the extension links)
+
+from rmm_fences._lib.memory_resource import SyncOnFreeResourceAdaptor
+
+__all__ = ["SyncOnFreeResourceAdaptor", "__version__"]
+__version__ = "0.1.0"

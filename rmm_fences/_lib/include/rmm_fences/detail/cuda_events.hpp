@@ -1,0 +1,183 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * CUDA mechanism (DESIGN.md layer 2): pooled events as fences, capture state, device guard.
+ */
+#pragma once
+
+#include <rmm/cuda_device.hpp>
+#include <rmm/detail/error.hpp>
+#include <rmm/error.hpp>
+
+#include <cuda/stream>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace rmm_fences::detail {
+
+/**
+ * @brief Fence operations over CUDA events, for `deferred_free_list`.
+ *
+ * An event reports ready when `cudaEventQuery` succeeds. Any error other than "not ready"
+ * (a dead context, say) also counts as ready: waiting cannot make such an event complete.
+ */
+struct cuda_event_fence_ops {
+  using fence_type = cudaEvent_t;
+
+  static bool ready(cudaEvent_t event) noexcept
+  {
+    auto const status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) {
+      return false;
+    }
+    if (status != cudaSuccess) { (void)cudaGetLastError(); }
+    return true;
+  }
+
+  static void wait(cudaEvent_t event) noexcept
+  {
+    if (cudaEventSynchronize(event) != cudaSuccess) { (void)cudaGetLastError(); }
+  }
+};
+
+/**
+ * @brief A pool of timing-disabled events of one device, reused as fences.
+ *
+ * Thread-safe. Events are created on the pool's device and destroyed with the pool.
+ */
+class event_pool {
+ public:
+  explicit event_pool(rmm::cuda_device_id device) : device_{device} {}
+
+  event_pool(event_pool const&)            = delete;
+  event_pool& operator=(event_pool const&) = delete;
+
+  ~event_pool() { destroy_all(); }
+
+  /// An unrecorded event of the pool's device (created when the pool is empty).
+  [[nodiscard]] cudaEvent_t acquire()
+  {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        auto event = free_.back();
+        free_.pop_back();
+        return event;
+      }
+    }
+    rmm::cuda_set_device_raii guard{device_};
+    cudaEvent_t event{};
+    RMM_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return event;
+  }
+
+  /// Returns an event whose fence is no longer needed.
+  void release(cudaEvent_t event) noexcept
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      free_.push_back(event);
+    } catch (...) {
+      (void)cudaEventDestroy(event);
+    }
+  }
+
+  /// Destroys every pooled event (call only when the CUDA context is still alive).
+  void destroy_all() noexcept
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto event : free_) {
+      (void)cudaEventDestroy(event);
+    }
+    free_.clear();
+  }
+
+  /// Forgets the pooled events without CUDA calls (process exit).
+  void abandon() noexcept
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.clear();
+  }
+
+ private:
+  rmm::cuda_device_id device_;
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
+/**
+ * @brief True when `stream` is being captured into a graph (no event query or sync on it).
+ *
+ * The legacy default stream reports `cudaErrorStreamCaptureImplicit` while a blocking stream
+ * is captured: that counts as capturing too.
+ */
+inline bool is_capturing(cuda::stream_ref stream) noexcept
+{
+  cudaStreamCaptureStatus status{cudaStreamCaptureStatusNone};
+  auto const result = cudaStreamIsCapturing(stream.get(), &status);
+  if (result == cudaSuccess) { return status != cudaStreamCaptureStatusNone; }
+  (void)cudaGetLastError();
+  return result == cudaErrorStreamCaptureImplicit;
+}
+
+/**
+ * @brief The CUDA side of `sync_on_free_core`: pooled events as fences on one device.
+ */
+class cuda_platform : public cuda_event_fence_ops {
+ public:
+  using stream_type   = cuda::stream_ref;
+  using out_of_memory = rmm::out_of_memory;
+
+  explicit cuda_platform(rmm::cuda_device_id device) : device_{device}, events_{device} {}
+
+  [[nodiscard]] cudaEvent_t acquire_fence() { return events_.acquire(); }
+
+  void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
+
+  static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
+  {
+    if (cudaEventRecord(event, stream.get()) == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+
+  static bool is_capturing(cuda::stream_ref stream) noexcept
+  {
+    return rmm_fences::detail::is_capturing(stream);
+  }
+
+  void sync_device() noexcept { (void)try_sync_device(); }
+
+  bool try_sync_device() noexcept
+  {
+    rmm::cuda_set_device_raii guard{device_};
+    if (cudaDeviceSynchronize() == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+
+  static void sync_stream(cuda::stream_ref stream) noexcept
+  {
+    if (cudaStreamSynchronize(stream.get()) != cudaSuccess) { (void)cudaGetLastError(); }
+  }
+
+  static std::uintptr_t key(cuda::stream_ref stream) noexcept
+  {
+    return reinterpret_cast<std::uintptr_t>(stream.get());
+  }
+
+  static cuda::stream_ref default_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
+
+  [[nodiscard]] rmm::cuda_device_id device() const noexcept { return device_; }
+
+  [[nodiscard]] event_pool& events() noexcept { return events_; }
+
+ private:
+  rmm::cuda_device_id device_;
+  event_pool events_;
+};
+
+}  // namespace rmm_fences::detail

@@ -1,0 +1,39 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#pragma once
+
+#include <rmm_fences/detail/naive_caching_memory_resource_impl.hpp>
+
+#include <cuda/memory_resource>
+
+namespace rmm_fences::mr {
+
+/**
+ * @brief UNSAFE: a size-keyed cache that reuses freed blocks on any stream with no fence.
+ *
+ * Reproduces the hazard of DESIGN.md (a block freed while a kernel still reads it is handed to
+ * another stream at once). Wrap it in `sync_on_free_resource_adaptor` to make it safe.
+ */
+class naive_caching_memory_resource
+  : public cuda::mr::shared_resource<detail::naive_caching_memory_resource_impl> {
+  using shared_base = cuda::mr::shared_resource<detail::naive_caching_memory_resource_impl>;
+
+ public:
+  friend void get_property(naive_caching_memory_resource const&,
+                           cuda::mr::device_accessible) noexcept
+  {
+  }
+
+  explicit naive_caching_memory_resource(
+    cuda::mr::any_resource<cuda::mr::device_accessible> upstream)
+    : shared_base(cuda::std::in_place_type<detail::naive_caching_memory_resource_impl>,
+                  std::move(upstream))
+  {
+  }
+};
+
+static_assert(cuda::mr::resource_with<naive_caching_memory_resource, cuda::mr::device_accessible>,
+              "naive_caching_memory_resource does not satisfy the cuda::mr::resource concept");
+
+}  // namespace rmm_fences::mr

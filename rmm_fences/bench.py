@@ -1,0 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Timing helpers for any rmm ``DeviceMemoryResource``."""
+
+import rmm  # noqa: F401
+
+from rmm_fences._lib.memory_resource import alloc_free_ns
+
+__all__ = ["alloc_free_ns"]
