@@ -113,6 +113,9 @@ cdef class HostSyncOnFree:
     def fail_next_record(self) -> None:
         deref(self.c_obj).board().fail_next_record = True
 
+    def clear_fail_next_record(self) -> None:
+        deref(self.c_obj).board().fail_next_record = False
+
     def fence(self, size_t fence) -> dict:
         cdef fence_entry f = deref(self.c_obj).board().fences.at(fence)
         return {"stream": f.stream, "recorded": f.recorded, "signalled": f.signalled}

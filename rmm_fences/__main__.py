@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Command line of rmm_fences: ``rmm-fences`` or ``python -m rmm_fences``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rmm-fences",
+        description="RMM resources that make freeing GPU memory safe without a host sync.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser(
+        "demo",
+        help="reproduce the free-while-in-use race and show each SyncOnFree mode fixing it",
+    )
+    demo.add_argument("--trials", type=int, default=200, help="trials per chain (default 200)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from rmm_fences._cuda import device_count, no_device_reason
+
+    if device_count() == 0:
+        print(f"rmm-fences {args.command}: {no_device_reason()}; this command needs a CUDA GPU.",
+              file=sys.stderr)
+        return 2
+    if args.trials < 1:
+        print("rmm-fences demo: --trials must be at least 1", file=sys.stderr)
+        return 2
+    from rmm_fences import _demo
+
+    return _demo.run(trials=args.trials)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Small CUDA queries that work, and say why not, on a machine without a GPU."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.cache
+def device_count() -> int:
+    """Number of CUDA devices visible to this process (0 without a driver or a GPU)."""
+    return _probe()[0]
+
+
+def no_device_reason() -> str:
+    """Why no CUDA device is usable here (empty when one is)."""
+    return _probe()[1]
+
+
+@functools.cache
+def _probe() -> tuple[int, str]:
+    try:
+        from cuda.bindings import runtime
+    except ImportError as exc:  # pragma: no cover - cuda-bindings comes with rmm
+        return 0, f"cuda-bindings is not importable ({exc})"
+    err, count = runtime.cudaGetDeviceCount()
+    if err != runtime.cudaError_t.cudaSuccess:
+        return 0, f"no CUDA device found (cudaGetDeviceCount: {err.name})"
+    if count == 0:
+        return 0, "no CUDA device found"
+    return count, ""

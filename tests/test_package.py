@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Import, packaging and argument validation: no GPU needed."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import rmm
+
+import rmm_fences
+from rmm_fences import SyncOnFreeResourceAdaptor
+from rmm_fences._cuda import device_count
+from rmm_fences._sizes import parse_bytes
+from rmm_fences.bench import alloc_free_ns
+from rmm_fences.unsafe import NaiveCachingMemoryResource
+
+
+def test_public_names():
+    assert rmm_fences.__all__ == ["SyncOnFreeResourceAdaptor", "__version__"]
+    assert issubclass(SyncOnFreeResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
+    assert issubclass(NaiveCachingMemoryResource, rmm.mr.UpstreamResourceAdaptor)
+
+
+def test_typed_stubs_are_installed():
+    lib = pathlib.Path(rmm_fences.__file__).parent / "_lib"
+    stub = (lib / "memory_resource.pyi").read_text()
+    for name in ("class SyncOnFreeResourceAdaptor", "class NaiveCachingMemoryResource",
+                 "def alloc_free_ns"):
+        assert name in stub
+    assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
+
+
+@pytest.mark.parametrize("bad", [None, "cuda", 3, object()])
+def test_upstream_must_be_a_resource(bad):
+    with pytest.raises(TypeError, match="upstream_mr must be an rmm.mr.DeviceMemoryResource"):
+        SyncOnFreeResourceAdaptor(bad)
+    with pytest.raises(TypeError, match="upstream_mr"):
+        NaiveCachingMemoryResource(bad)
+
+
+@pytest.mark.parametrize("mode", ["Deferred", "async", "", None, 2])
+def test_unknown_mode_names_the_valid_ones(mode):
+    with pytest.raises(ValueError, match="mode must be one of 'device', 'stream', 'deferred'"):
+        SyncOnFreeResourceAdaptor(rmm.mr.CudaMemoryResource(), mode=mode)
+
+
+@pytest.mark.parametrize("cap", [-1, "-5MiB", "lots", "1 parsec"])
+def test_bad_max_pending_bytes(cap):
+    with pytest.raises(ValueError, match="max_pending_bytes"):
+        SyncOnFreeResourceAdaptor(rmm.mr.CudaMemoryResource(), max_pending_bytes=cap)
+
+
+def test_max_pending_bytes_type():
+    with pytest.raises(TypeError, match="max_pending_bytes must be an int"):
+        SyncOnFreeResourceAdaptor(rmm.mr.CudaMemoryResource(), max_pending_bytes=1.5)
+
+
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [(4096, 4096), ("4096", 4096), ("1KiB", 1024), ("1 MiB", 2**20), ("2GB", 2 * 10**9),
+     ("1.5GiB", 3 * 2**29), ("0", 0), ("8b", 8)],
+)
+def test_parse_bytes(text, nbytes):
+    assert parse_bytes(text, "size") == nbytes
+
+
+def test_alloc_free_ns_validates_before_any_cuda_call():
+    with pytest.raises(TypeError):
+        alloc_free_ns(None, 1024)
+    with pytest.raises(ValueError, match="nbytes"):
+        alloc_free_ns(rmm.mr.CudaMemoryResource(), "much")
+    with pytest.raises(ValueError, match="iterations must be positive"):
+        alloc_free_ns(rmm.mr.CudaMemoryResource(), 1024, 0)
+
+
+@pytest.mark.skipif(device_count() > 0, reason="checks the message shown where no GPU is present")
+def test_demo_without_gpu_says_so_and_exits_2():
+    proc = subprocess.run([sys.executable, "-P", "-m", "rmm_fences", "demo"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr
+    assert "needs a CUDA GPU" in proc.stderr
+
+
+def test_cli_help_works_everywhere():
+    proc = subprocess.run([sys.executable, "-P", "-m", "rmm_fences", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    assert "demo" in proc.stdout

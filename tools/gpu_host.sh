@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Run on the GPU host (device tool), from the repository root, with .whl and .dist carried:
+#   bash tools/gpu_host.sh [pytest args...]
+# Installs the pinned wheels and the rmm_fences wheel built on the CPU machine, runs the whole
+# test suite (GPU tests included) and the demo; logs go to $OUT when it is set.
+set -uo pipefail
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+. .whl/install.sh || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .dist/*.whl || exit 1
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -P -c "import rmm, cupy, rmm_fences; print('rmm', rmm.__version__, 'cupy', cupy.__version__, 'rmm_fences', rmm_fences.__version__)"
+# -P: the source tree (without the compiled extension) must not shadow the installed package.
+python3 -P -m pytest -p no:cacheprovider -rs -s "$@" 2>&1 | tee "$out/pytest.log" | grep -v "^$"
+rc=${PIPESTATUS[0]}
+python3 -P -m rmm_fences demo 2>&1 | tee "$out/demo.log"
+echo "pytest exit code: $rc"
+grep -E "^(=+ .*(passed|failed|error).* =+)$" "$out/pytest.log" | tail -1
+exit "$rc"
