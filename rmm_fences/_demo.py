@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import statistics
+
 import rmm
 
 from rmm_fences import SyncOnFreeResourceAdaptor
-from rmm_fences.bench import alloc_free_ns
+from rmm_fences.bench import alloc_free_ns, fence_call_ns
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
 MODES = ("device", "stream", "deferred")
@@ -24,15 +26,30 @@ def race_chains():
         )
 
 
-def native_costs(nbytes: int = 1 << 20, iterations: int = 20000) -> list[tuple[str, float]]:
-    """Native alloc+free ns per pair over rmm's pool, bare and under each SyncOnFree mode."""
-    pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 30)
-    rows = [("rmm_pool", alloc_free_ns(pool, nbytes, iterations))]
-    for mode in MODES:
-        mr = SyncOnFreeResourceAdaptor(pool, mode=mode)
-        rows.append((f"sync_on_free(rmm_pool, mode={mode})", alloc_free_ns(mr, nbytes, iterations)))
-        mr.flush()
-    rows.append(("cuda_async", alloc_free_ns(rmm.mr.CudaAsyncMemoryResource(), nbytes, iterations)))
+def native_costs(nbytes: int = 1 << 20, iterations: int = 20000, rounds: int = 5):
+    """Native alloc+free ns per pair, bare and under each SyncOnFree mode, for rmm's pool and
+    CudaAsync as upstreams. Upstream and adaptors are timed in interleaved rounds; each row is
+    the median over the rounds, so drift of the machine hits both sides alike.
+
+    Returns rows of (upstream name, upstream ns, {mode: adaptor ns}).
+    """
+    upstreams = {
+        "rmm_pool": rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(),
+                                              initial_pool_size=1 << 30),
+        "cuda_async": rmm.mr.CudaAsyncMemoryResource(),
+    }
+    rows = []
+    for name, upstream in upstreams.items():
+        adaptors = {mode: SyncOnFreeResourceAdaptor(upstream, mode=mode) for mode in MODES}
+        bare, wrapped = [], {mode: [] for mode in MODES}
+        for _ in range(rounds):
+            bare.append(alloc_free_ns(upstream, nbytes, iterations))
+            for mode, mr in adaptors.items():
+                wrapped[mode].append(alloc_free_ns(mr, nbytes, iterations))
+        for mr in adaptors.values():
+            mr.flush()
+        rows.append((name, statistics.median(bare),
+                     {mode: statistics.median(v) for mode, v in wrapped.items()}))
     return rows
 
 
@@ -50,12 +67,16 @@ def run(trials: int = 200) -> int:
             f"{res.median_free_us:>12.2f}"
         )
     print()
-    print("native alloc+free of 1 MiB, no kernel (rmm_fences.bench.alloc_free_ns)")
-    rows = native_costs()
-    base = rows[0][1]
-    header = f"{'resource':<44} {'ns/pair':>9} {'over pool ns':>12}"
+    print("native alloc+free of 1 MiB, no kernel (rmm_fences.bench.alloc_free_ns, median of 5)")
+    header = f"{'resource':<44} {'ns/pair':>9} {'over upstream ns':>16}"
     print(header)
     print("-" * len(header))
-    for name, ns in rows:
-        print(f"{name:<44} {ns:>9.0f} {ns - base:>12.0f}")
+    for name, base, modes in native_costs():
+        print(f"{name:<44} {base:>9.0f} {'':>16}")
+        for mode, ns in modes.items():
+            label = f"sync_on_free({name}, mode={mode})"
+            print(f"{label:<44} {ns:>9.0f} {ns - base:>16.0f}")
+    costs = fence_call_ns()
+    print("CUDA calls of a deferred free, ns: "
+          + ", ".join(f"{k} {v:.0f}" for k, v in costs.items()))
     return 0

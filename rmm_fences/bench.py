@@ -3,6 +3,6 @@
 
 import rmm  # noqa: F401
 
-from rmm_fences._lib.memory_resource import alloc_free_ns
+from rmm_fences._lib.memory_resource import alloc_free_ns, fence_call_ns
 
-__all__ = ["alloc_free_ns"]
+__all__ = ["alloc_free_ns", "fence_call_ns"]

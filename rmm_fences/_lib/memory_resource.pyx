@@ -81,6 +81,14 @@ cdef extern from "rmm_fences/bench.hpp" namespace "rmm_fences::bench" nogil:
         uint64_t warmup,
     ) except +
 
+    cdef struct fence_costs:
+        double event_record
+        double event_query
+        double stream_is_capturing
+
+    fence_costs c_fence_call_ns "rmm_fences::bench::fence_call_ns"(
+        stream_ref stream, uint64_t iterations) except +
+
 
 # rmm declares the template of make_device_async_resource_ref (librmm/memory_resource.pxd);
 # these are its overloads for our resources.
@@ -321,3 +329,23 @@ def alloc_free_ns(DeviceMemoryResource mr not None, nbytes, size_t iterations=10
     with nogil:
         ns = c_alloc_free_ns(mr.get_mr(), c_nbytes, iterations, c_stream, warmup)
     return ns
+
+
+def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
+    """Mean host nanoseconds of the CUDA calls a deferred free makes, on an idle ``stream``.
+
+    Returns a dict with ``event_record`` (``cudaEventRecord``), ``event_query``
+    (``cudaEventQuery`` of a completed event) and ``stream_is_capturing``.
+    """
+    if iterations == 0:
+        raise ValueError("iterations must be positive, got 0")
+    cdef Stream s = _as_stream(stream)
+    cdef stream_ref c_stream = s.view()
+    cdef fence_costs c
+    with nogil:
+        c = c_fence_call_ns(c_stream, iterations)
+    return {
+        "event_record": c.event_record,
+        "event_query": c.event_query,
+        "stream_is_capturing": c.stream_is_capturing,
+    }

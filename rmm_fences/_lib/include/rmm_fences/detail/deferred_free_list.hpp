@@ -5,12 +5,12 @@
  */
 #pragma once
 
-#include <algorithm>
+#include <rmm_fences/detail/inline_vector.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <optional>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -40,7 +40,8 @@ struct deferred_block {
  *
  * Invariants:
  *  - one FIFO per stream key; an entry is appended when its block is freed;
- *  - an entry with a fence leaves the list only once the fence reported ready (or was waited on);
+ *  - an entry with a fence leaves the list only once the fence reported ready, or through
+ *    `take_*`, whose caller waits on the fence before releasing the block;
  *  - an entry without a fence is *parked* (freed during stream capture, where fences cannot be
  *    queried); it leaves only after `arm()` gave it a fence, or through `take_parked()` once
  *    the owner proved the device idle;
@@ -50,6 +51,10 @@ struct deferred_block {
  * complete in recording order, so `release_ready` stops at the first entry of a stream that is
  * not ready and does not test the entries behind it. Every released entry had its own fence
  * tested, so a key shared by two streams only delays releases.
+ *
+ * Streams are few, so queues live in a small vector searched linearly; an emptied queue is
+ * kept (its storage is reused by the next free on that stream) until more than
+ * `max_idle_queues` are empty.
  */
 template <typename FenceOps>
 class deferred_free_list {
@@ -63,6 +68,11 @@ class deferred_free_list {
     std::optional<fence_type> fence;
     std::uint64_t seq{};
   };
+
+  /// Scratch space for entries taken out of the list (no heap use for a few entries).
+  using entry_buffer = inline_vector<entry, 4>;
+
+  static constexpr std::size_t max_idle_queues = 16;
 
   /// Appends a block freed on `stream` whose release waits for `fence`.
   void push(stream_key stream, deferred_block block, fence_type fence)
@@ -84,10 +94,12 @@ class deferred_free_list {
   [[nodiscard]] bool has_parked(stream_key stream) const
   {
     if (parked_count_ == 0) { return false; }
-    auto it = queues_.find(stream);
-    if (it == queues_.end()) { return false; }
-    return std::any_of(
-      it->second.begin(), it->second.end(), [](entry const& e) { return !e.fence.has_value(); });
+    auto const* q = find(stream);
+    if (q == nullptr) { return false; }
+    for (auto const& e : *q) {
+      if (!e.fence.has_value()) { return true; }
+    }
+    return false;
   }
 
   /**
@@ -98,9 +110,9 @@ class deferred_free_list {
   template <typename MakeFence>
   void arm(stream_key stream, MakeFence&& make_fence)
   {
-    auto it = queues_.find(stream);
-    if (it == queues_.end()) { return; }
-    for (auto& e : it->second) {
+    auto* q = find(stream);
+    if (q == nullptr) { return; }
+    for (auto& e : *q) {
       if (!e.fence.has_value()) {
         e.fence = make_fence();
         --parked_count_;
@@ -114,17 +126,18 @@ class deferred_free_list {
    * Tests at most one not-ready fence per stream.
    * @return the number of entries moved
    */
-  std::size_t release_ready(FenceOps& ops, std::vector<entry>& out)
+  template <typename Out>
+  std::size_t release_ready(FenceOps& ops, Out& out)
   {
+    if (pending_count_ == 0) { return 0; }
     std::size_t moved = 0;
-    for (auto it = queues_.begin(); it != queues_.end();) {
-      auto& q = it->second;
+    for (auto& [key, q] : queues_) {
       while (!q.empty() && q.front().fence.has_value() && ops.ready(*q.front().fence)) {
         take_front(q, out);
         ++moved;
       }
-      it = q.empty() ? queues_.erase(it) : std::next(it);
     }
+    if (moved > 0) { prune(); }
     return moved;
   }
 
@@ -134,18 +147,20 @@ class deferred_free_list {
    * The caller must wait on each moved fence before releasing its block. Parked entries cannot
    * be waited on and stay; they may keep the total above the cap.
    */
-  void take_oldest_until(std::size_t max_bytes, std::vector<entry>& out)
+  template <typename Out>
+  void take_oldest_until(std::size_t max_bytes, Out& out)
   {
     while (pending_bytes_ > max_bytes) {
       auto* q = oldest_fenced_queue();
       if (q == nullptr) { break; }
       take_front(*q, out);
     }
-    erase_empty();
+    prune();
   }
 
   /// Moves every fenced entry into `out`; the caller waits on each fence before the release.
-  void take_all_fenced(std::vector<entry>& out)
+  template <typename Out>
+  void take_all_fenced(Out& out)
   {
     take_if(out, [](entry const& e) { return e.fence.has_value(); });
   }
@@ -155,7 +170,8 @@ class deferred_free_list {
    *
    * Only for an owner that has proved no device work can still use them (the device is idle).
    */
-  void take_parked(std::vector<entry>& out)
+  template <typename Out>
+  void take_parked(Out& out)
   {
     take_if(out, [](entry const& e) { return !e.fence.has_value(); });
     parked_count_ = 0;
@@ -167,18 +183,33 @@ class deferred_free_list {
   /// Number of listed blocks.
   [[nodiscard]] std::size_t pending_count() const noexcept { return pending_count_; }
 
-  /// Number of stream keys with listed blocks.
-  [[nodiscard]] std::size_t stream_count() const noexcept { return queues_.size(); }
-
  private:
-  void append(stream_key stream, entry e)
+  using queue = std::deque<entry>;
+
+  [[nodiscard]] queue const* find(stream_key stream) const
   {
-    pending_bytes_ += e.block.bytes;
-    ++pending_count_;
-    queues_[stream].push_back(std::move(e));
+    for (auto const& [key, q] : queues_) {
+      if (key == stream) { return &q; }
+    }
+    return nullptr;
   }
 
-  void take_front(std::deque<entry>& q, std::vector<entry>& out)
+  [[nodiscard]] queue* find(stream_key stream)
+  {
+    return const_cast<queue*>(static_cast<deferred_free_list const*>(this)->find(stream));
+  }
+
+  void append(stream_key stream, entry e)
+  {
+    auto* q = find(stream);
+    if (q == nullptr) { q = &queues_.emplace_back(stream, queue{}).second; }
+    q->push_back(std::move(e));
+    pending_bytes_ += q->back().block.bytes;
+    ++pending_count_;
+  }
+
+  template <typename Out>
+  void take_front(queue& q, Out& out)
   {
     pending_bytes_ -= q.front().block.bytes;
     --pending_count_;
@@ -186,25 +217,15 @@ class deferred_free_list {
     q.pop_front();
   }
 
-  /// The queue whose front is the oldest fenced entry, or nullptr.
-  std::deque<entry>* oldest_fenced_queue()
-  {
-    std::deque<entry>* best = nullptr;
-    for (auto& [key, q] : queues_) {
-      if (q.empty() || !q.front().fence.has_value()) { continue; }
-      if (best == nullptr || q.front().seq < best->front().seq) { best = &q; }
-    }
-    return best;
-  }
-
-  template <typename Pred>
-  void take_if(std::vector<entry>& out, Pred&& pred)
+  template <typename Out, typename Pred>
+  void take_if(Out& out, Pred&& pred)
   {
     for (auto& [key, q] : queues_) {
-      std::deque<entry> kept;
+      queue kept;
       for (auto& e : q) {
         if (pred(e)) {
           pending_bytes_ -= e.block.bytes;
+          --pending_count_;
           out.push_back(std::move(e));
         } else {
           kept.push_back(std::move(e));
@@ -212,19 +233,36 @@ class deferred_free_list {
       }
       q.swap(kept);
     }
-    erase_empty();
+    prune();
   }
 
-  void erase_empty()
+  /// The queue whose front is the oldest fenced entry, or nullptr.
+  queue* oldest_fenced_queue()
   {
-    pending_count_ = 0;
-    for (auto it = queues_.begin(); it != queues_.end();) {
-      pending_count_ += it->second.size();
-      it = it->second.empty() ? queues_.erase(it) : std::next(it);
+    queue* best = nullptr;
+    for (auto& [key, q] : queues_) {
+      if (q.empty() || !q.front().fence.has_value()) { continue; }
+      if (best == nullptr || q.front().seq < best->front().seq) { best = &q; }
     }
+    return best;
   }
 
-  std::unordered_map<stream_key, std::deque<entry>> queues_;
+  /// Drops empty queues once too many are idle (streams come and go).
+  void prune()
+  {
+    std::size_t idle = 0;
+    for (auto const& [key, q] : queues_) {
+      idle += q.empty();
+    }
+    if (idle <= max_idle_queues) { return; }
+    std::vector<std::pair<stream_key, queue>> kept;
+    for (auto& kq : queues_) {
+      if (!kq.second.empty()) { kept.push_back(std::move(kq)); }
+    }
+    queues_.swap(kept);
+  }
+
+  std::vector<std::pair<stream_key, queue>> queues_;
   std::size_t pending_bytes_{};
   std::size_t pending_count_{};
   std::size_t parked_count_{};
@@ -235,8 +273,8 @@ class deferred_free_list {
  * @brief Waits on the fence of every entry that is not ready yet.
  * @return the number of fences waited on
  */
-template <typename FenceOps, typename Entry>
-std::size_t wait_all(FenceOps& ops, std::vector<Entry> const& entries)
+template <typename FenceOps, typename Entries>
+std::size_t wait_all(FenceOps& ops, Entries const& entries)
 {
   std::size_t waits = 0;
   for (auto const& e : entries) {

@@ -17,7 +17,6 @@
 #include <new>
 #include <optional>
 #include <utility>
-#include <vector>
 
 namespace rmm_fences::mr {
 
@@ -71,6 +70,7 @@ class sync_on_free_core {
   using stream_type = typename Platform::stream_type;
   using list_type   = deferred_free_list<Platform>;
   using entry       = typename list_type::entry;
+  using buffer      = typename list_type::entry_buffer;
 
   template <typename... PlatformArgs>
   sync_on_free_core(Upstream upstream,
@@ -90,11 +90,15 @@ class sync_on_free_core {
   /// Polls, then allocates from the upstream; on out-of-memory drains and retries once.
   [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment)
   {
-    bool const capturing = platform_.is_capturing(stream);
-    if (!capturing) { poll(stream); }
+    // Nothing listed: nothing to poll, and the capture test waits for the out-of-memory path.
+    if (listed_hint_.load(std::memory_order_relaxed) > 0 && !platform_.is_capturing(stream)) {
+      poll(stream);
+    }
     auto [ptr, retried] = allocate_with_drain<typename Platform::out_of_memory>(
       [&] { return upstream_.allocate(stream, bytes, alignment); },
-      [&] { return !capturing && drain(/*include_parked=*/false, stream) > 0; });
+      [&] {
+        return !platform_.is_capturing(stream) && drain(/*include_parked=*/false, stream) > 0;
+      });
     if (retried) { oom_retries_.fetch_add(1, std::memory_order_relaxed); }
     return ptr;
   }
@@ -120,7 +124,7 @@ class sync_on_free_core {
         if (defer(stream, block)) { return; }
         break;
     }
-    poll(stream);
+    if (listed_hint_.load(std::memory_order_relaxed) > 0) { poll(stream); }
     upstream_.deallocate(stream, ptr, bytes, alignment);
   }
 
@@ -133,7 +137,7 @@ class sync_on_free_core {
    */
   std::size_t drain(bool include_parked, stream_type stream)
   {
-    std::vector<entry> taken;
+    buffer taken;
     bool any_parked = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -224,8 +228,8 @@ class sync_on_free_core {
       count_syncs(1);
       return false;
     }
-    std::vector<entry> ready;
-    std::vector<entry> oldest;
+    buffer ready;
+    buffer oldest;
     bool listed = false;
     try {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -281,8 +285,7 @@ class sync_on_free_core {
   /// Returns every block whose fence completed; never blocks.
   void poll(stream_type stream) noexcept
   {
-    if (listed_hint_.load(std::memory_order_relaxed) == 0) { return; }
-    std::vector<entry> ready;
+    buffer ready;
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       arm_parked(stream);
@@ -295,7 +298,7 @@ class sync_on_free_core {
   }
 
   /// Hands fenced-off blocks to the upstream on `stream` and recycles their fences.
-  void release(std::vector<entry>& blocks, stream_type stream) noexcept
+  void release(buffer& blocks, stream_type stream) noexcept
   {
     if (blocks.empty()) { return; }
     for (auto& e : blocks) {
