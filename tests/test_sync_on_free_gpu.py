@@ -119,7 +119,9 @@ def test_oom_drains_pending_frees_then_retries(cupy, scenarios, rng):
 
 
 def test_max_pending_bytes_caps_the_pending_total(cupy, scenarios):
-    mr = SyncOnFreeResourceAdaptor(rmm.mr.CudaMemoryResource(), max_pending_bytes="3MiB")
+    # A preallocated pool upstream: no cudaMalloc, whose implicit syncs could retire fences.
+    pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=64 << 20)
+    mr = SyncOnFreeResourceAdaptor(pool, max_pending_bytes="3MiB")
     s1 = cupy.cuda.Stream(non_blocking=True)
     out = cupy.zeros(1, dtype=cupy.float64)
     for _ in range(8):
@@ -127,11 +129,13 @@ def test_max_pending_bytes_caps_the_pending_total(cupy, scenarios):
         scenarios.fill(a, (1 << 20) // 4, seed=3, stream=s1)
         scenarios.kernel("slow_checksum")(
             (1,), (scenarios.THREADS,),
-            (a, np.uint64(16), np.int64(scenarios.spin_cycles(2)), out), stream=s1,
+            (a, np.uint64(16), np.int64(scenarios.spin_cycles(20)), out), stream=s1,
         )
         mr.deallocate(a, 1 << 20, rmm_stream(s1))
         assert mr.pending_bytes <= 3 << 20
-    assert mr.stats["syncs"] >= 1
+    # 8 frees of 1 MiB behind 20 ms kernels: the 4th and later had to wait for the oldest
+    assert mr.stats["syncs"] >= 5
+    assert mr.stats["peak_pending_bytes"] == 3 << 20  # the cap is enforced before the peak is noted
     mr.flush()
     assert mr.pending_bytes == 0
 

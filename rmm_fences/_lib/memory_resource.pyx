@@ -85,6 +85,9 @@ cdef extern from "rmm_fences/bench.hpp" namespace "rmm_fences::bench" nogil:
         double event_record
         double event_query
         double stream_is_capturing
+        double cu_event_record
+        double cu_event_query
+        double cu_stream_is_capturing
 
     fence_costs c_fence_call_ns "rmm_fences::bench::fence_call_ns"(
         stream_ref stream, uint64_t iterations) except +
@@ -335,7 +338,8 @@ def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
     """Mean host nanoseconds of the CUDA calls a deferred free makes, on an idle ``stream``.
 
     Returns a dict with ``event_record`` (``cudaEventRecord``), ``event_query``
-    (``cudaEventQuery`` of a completed event) and ``stream_is_capturing``.
+    (``cudaEventQuery`` of a completed event) and ``stream_is_capturing``, and the same
+    through the driver entry points the resources call (``cu_*``; 0 where missing).
     """
     if iterations == 0:
         raise ValueError("iterations must be positive, got 0")
@@ -348,4 +352,7 @@ def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
         "event_record": c.event_record,
         "event_query": c.event_query,
         "stream_is_capturing": c.stream_is_capturing,
+        "cu_event_record": c.cu_event_record,
+        "cu_event_query": c.cu_event_query,
+        "cu_stream_is_capturing": c.cu_stream_is_capturing,
     }

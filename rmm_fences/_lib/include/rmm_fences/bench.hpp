@@ -10,6 +10,8 @@
 #include <cuda/stream>
 #include <cuda_runtime_api.h>
 
+#include <rmm_fences/detail/driver_api.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -41,44 +43,53 @@ inline double alloc_free_ns(rmm::device_async_resource_ref mr,
   return iterations == 0 ? 0.0 : ns / static_cast<double>(iterations);
 }
 
-/// Host nanoseconds of the CUDA calls a deferred free makes (means over `iterations`).
+/// Host nanoseconds of the CUDA calls a deferred free makes (means over `iterations`), through
+/// the runtime and through the driver entry points the resources use (0 where missing).
 struct fence_costs {
-  double event_record{};       ///< cudaEventRecord of an idle timing-disabled event
-  double event_query{};        ///< cudaEventQuery of a completed event
-  double stream_is_capturing{};///< cudaStreamIsCapturing
+  double event_record{};            ///< cudaEventRecord of a timing-disabled event
+  double event_query{};             ///< cudaEventQuery of a completed event
+  double stream_is_capturing{};     ///< cudaStreamIsCapturing
+  double cu_event_record{};         ///< cuEventRecord
+  double cu_event_query{};          ///< cuEventQuery
+  double cu_stream_is_capturing{};  ///< cuStreamIsCapturing
 };
 
 /// Measures `fence_costs` on `stream` (which should be idle).
 inline fence_costs fence_call_ns(cuda::stream_ref stream, std::uint64_t iterations)
 {
   using clock = std::chrono::steady_clock;
-  auto per_call = [iterations](clock::time_point a, clock::time_point b) {
-    return std::chrono::duration<double, std::nano>(b - a).count() /
+  auto time = [iterations](auto&& call) {
+    auto const start = clock::now();
+    for (std::uint64_t i = 0; i < iterations; ++i) {
+      call();
+    }
+    return std::chrono::duration<double, std::nano>(clock::now() - start).count() /
            static_cast<double>(iterations);
   };
   cudaEvent_t event{};
   RMM_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  fence_costs costs;
-  auto t0 = clock::now();
-  for (std::uint64_t i = 0; i < iterations; ++i) {
-    (void)cudaEventRecord(event, stream.get());
-  }
-  auto t1 = clock::now();
-  (void)cudaEventSynchronize(event);
-  auto t2 = clock::now();
-  for (std::uint64_t i = 0; i < iterations; ++i) {
-    (void)cudaEventQuery(event);
-  }
-  auto t3 = clock::now();
+  auto const cu_event  = reinterpret_cast<CUevent>(event);
+  auto const cu_stream = reinterpret_cast<CUstream>(stream.get());
+  auto const& api      = rmm_fences::detail::driver_api::get();
   cudaStreamCaptureStatus status{};
-  for (std::uint64_t i = 0; i < iterations; ++i) {
-    (void)cudaStreamIsCapturing(stream.get(), &status);
+  CUstreamCaptureStatus cu_status{};
+  fence_costs costs;
+  costs.event_record = time([&] { (void)cudaEventRecord(event, stream.get()); });
+  (void)cudaEventSynchronize(event);
+  costs.event_query         = time([&] { (void)cudaEventQuery(event); });
+  costs.stream_is_capturing = time([&] { (void)cudaStreamIsCapturing(stream.get(), &status); });
+  if (api.event_record != nullptr) {
+    costs.cu_event_record = time([&] { (void)api.event_record(cu_event, cu_stream); });
+    (void)cudaEventSynchronize(event);
   }
-  auto t4 = clock::now();
+  if (api.event_query != nullptr) {
+    costs.cu_event_query = time([&] { (void)api.event_query(cu_event); });
+  }
+  if (api.stream_is_capturing != nullptr) {
+    costs.cu_stream_is_capturing =
+      time([&] { (void)api.stream_is_capturing(cu_stream, &cu_status); });
+  }
   (void)cudaEventDestroy(event);
-  costs.event_record        = per_call(t0, t1);
-  costs.event_query         = per_call(t2, t3);
-  costs.stream_is_capturing = per_call(t3, t4);
   return costs;
 }
 

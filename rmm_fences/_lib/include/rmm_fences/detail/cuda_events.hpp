@@ -5,6 +5,8 @@
  */
 #pragma once
 
+#include <rmm_fences/detail/driver_api.hpp>
+
 #include <rmm/cuda_device.hpp>
 #include <rmm/detail/error.hpp>
 #include <rmm/error.hpp>
@@ -29,6 +31,12 @@ struct cuda_event_fence_ops {
 
   static bool ready(cudaEvent_t event) noexcept
   {
+    if (auto const query = driver_api::get().event_query; query != nullptr) {
+      auto const result = query(event);
+      if (result == CUDA_SUCCESS) { return true; }
+      if (result == CUDA_ERROR_NOT_READY) { return false; }
+      // anything else (no current context, say): ask the runtime, which reports it properly
+    }
     auto const status = cudaEventQuery(event);
     if (status == cudaErrorNotReady) {
       return false;
@@ -116,6 +124,12 @@ class event_pool {
  */
 inline bool is_capturing(cuda::stream_ref stream) noexcept
 {
+  if (auto const query = driver_api::get().stream_is_capturing; query != nullptr) {
+    CUstreamCaptureStatus status{CU_STREAM_CAPTURE_STATUS_NONE};
+    auto const result = query(reinterpret_cast<CUstream>(stream.get()), &status);
+    if (result == CUDA_SUCCESS) { return status != CU_STREAM_CAPTURE_STATUS_NONE; }
+    if (result == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) { return true; }
+  }
   cudaStreamCaptureStatus status{cudaStreamCaptureStatusNone};
   auto const result = cudaStreamIsCapturing(stream.get(), &status);
   if (result == cudaSuccess) { return status != cudaStreamCaptureStatusNone; }
@@ -139,6 +153,12 @@ class cuda_platform : public cuda_event_fence_ops {
 
   static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
   {
+    if (auto const rec = driver_api::get().event_record; rec != nullptr) {
+      if (rec(reinterpret_cast<CUevent>(event), reinterpret_cast<CUstream>(stream.get())) ==
+          CUDA_SUCCESS) {
+        return true;
+      }
+    }
     if (cudaEventRecord(event, stream.get()) == cudaSuccess) { return true; }
     (void)cudaGetLastError();
     return false;

@@ -1,0 +1,58 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * CUDA mechanism (DESIGN.md layer 2): the few driver entry points on the deferred-free hot
+ * path, obtained through the runtime (no link against libcuda). The driver calls skip the
+ * runtime's per-call bookkeeping; every caller falls back to the runtime call when an entry
+ * point is missing or the driver reports no current context.
+ */
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+namespace rmm_fences::detail {
+
+/// Driver entry points, loaded once per process.
+struct driver_api {
+  using event_record_fn  = CUresult (*)(CUevent, CUstream);
+  using event_query_fn   = CUresult (*)(CUevent);
+  using is_capturing_fn  = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+
+  event_record_fn event_record{};
+  event_query_fn event_query{};
+  is_capturing_fn stream_is_capturing{};
+
+  /// The process-wide table (entries stay null where the driver does not provide them).
+  static driver_api const& get() noexcept
+  {
+    static driver_api const api = load();
+    return api;
+  }
+
+ private:
+  template <typename Fn>
+  static Fn entry(char const* name) noexcept
+  {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<Fn>(fn);
+  }
+
+  static driver_api load() noexcept
+  {
+    driver_api api;
+    api.event_record        = entry<event_record_fn>("cuEventRecord");
+    api.event_query         = entry<event_query_fn>("cuEventQuery");
+    api.stream_is_capturing = entry<is_capturing_fn>("cuStreamIsCapturing");
+    return api;
+  }
+};
+
+}  // namespace rmm_fences::detail
