@@ -34,7 +34,7 @@ struct sync_on_free_stats {
   std::uint64_t released{};            ///< listed blocks handed to the upstream
   std::uint64_t oom_retries{};         ///< allocations retried after draining pending blocks
   std::uint64_t parked{};              ///< frees made during stream capture
-  std::uint64_t peak_pending_bytes{};  ///< largest pending total seen
+  std::uint64_t peak_pending_bytes{};  ///< largest pending total seen (after the cap applied)
 };
 
 }  // namespace rmm_fences::mr
