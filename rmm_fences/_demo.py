@@ -26,12 +26,16 @@ def race_chains():
         )
 
 
-def native_costs(nbytes: int = 1 << 20, iterations: int = 20000, rounds: int = 5):
+def native_costs(nbytes: int = 1 << 20, iterations: int = 20000, rounds: int = 11):
     """Native alloc+free ns per pair, bare and under each SyncOnFree mode, for rmm's pool and
-    CudaAsync as upstreams. Upstream and adaptors are timed in interleaved rounds; each row is
-    the median over the rounds, so drift of the machine hits both sides alike.
+    CudaAsync as upstreams.
 
-    Returns rows of (upstream name, upstream ns, {mode: adaptor ns}).
+    Each round times the upstream and then every adaptor over it, back to back; the overhead
+    of a mode is the per-round difference (paired, so drift of the machine cancels), reported
+    as median, min and max over the rounds.
+
+    Returns rows of (upstream name, median upstream ns, {mode: (median adaptor ns,
+    median overhead, min overhead, max overhead)}).
     """
     upstreams = {
         "rmm_pool": rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(),
@@ -48,8 +52,11 @@ def native_costs(nbytes: int = 1 << 20, iterations: int = 20000, rounds: int = 5
                 wrapped[mode].append(alloc_free_ns(mr, nbytes, iterations))
         for mr in adaptors.values():
             mr.flush()
-        rows.append((name, statistics.median(bare),
-                     {mode: statistics.median(v) for mode, v in wrapped.items()}))
+        modes = {}
+        for mode, times in wrapped.items():
+            over = [t - b for t, b in zip(times, bare)]
+            modes[mode] = (statistics.median(times), statistics.median(over), min(over), max(over))
+        rows.append((name, statistics.median(bare), modes))
     return rows
 
 
@@ -67,15 +74,16 @@ def run(trials: int = 200) -> int:
             f"{res.median_free_us:>12.2f}"
         )
     print()
-    print("native alloc+free of 1 MiB, no kernel (rmm_fences.bench.alloc_free_ns, median of 5)")
-    header = f"{'resource':<44} {'ns/pair':>9} {'over upstream ns':>16}"
+    print("native alloc+free of 1 MiB, no kernel (rmm_fences.bench.alloc_free_ns);")
+    print("medians of 11 rounds; overhead = paired per-round difference [min, max]")
+    header = f"{'resource':<40} {'ns/pair':>8} {'over upstream ns':>24}"
     print(header)
     print("-" * len(header))
     for name, base, modes in native_costs():
-        print(f"{name:<44} {base:>9.0f} {'':>16}")
-        for mode, ns in modes.items():
+        print(f"{name:<40} {base:>8.0f}")
+        for mode, (ns, over, lo, hi) in modes.items():
             label = f"sync_on_free({name}, mode={mode})"
-            print(f"{label:<44} {ns:>9.0f} {ns - base:>16.0f}")
+            print(f"{label:<40} {ns:>8.0f} {over:>8.0f} [{lo:>6.0f}, {hi:>6.0f}]")
     costs = fence_call_ns()
     print("CUDA calls of a deferred free, ns: "
           + ", ".join(f"{k} {v:.0f}" for k, v in costs.items()))
