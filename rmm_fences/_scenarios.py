@@ -88,6 +88,16 @@ def grid_for(count: int) -> int:
     return max(1, min(1024, (count + THREADS - 1) // THREADS))
 
 
+def slow_checksum(ptr: int, count: int, spin_ms: float, out: cupy.ndarray, stream,
+                  grid: int | None = None) -> None:
+    """On ``stream``: spin ``spin_ms``, then add the float64 sum of ``count`` float32 at
+    ``ptr`` to ``out[0]`` (which the caller zeroes)."""
+    kernel("slow_checksum")(
+        (grid or grid_for(count),), (THREADS,),
+        (ptr, np.uint64(count), np.int64(spin_cycles(spin_ms)), out), stream=stream,
+    )
+
+
 def fill(ptr: int, count: int, seed: int, stream: cupy.cuda.Stream) -> None:
     """Write the pattern of ``seed`` to ``count`` uint32 words at ``ptr`` on ``stream``."""
     kernel("fill_pattern")(
@@ -136,7 +146,6 @@ def race(mr, *, trials: int = 200, nbytes: int = 4 << 20, spin_ms: float = 0.5,
     s1 = cupy.cuda.Stream(non_blocking=True)
     s2 = cupy.cuda.Stream(non_blocking=True)
     r1, r2 = rmm.pylibrmm.stream.Stream(s1), rmm.pylibrmm.stream.Stream(s2)
-    cycles = spin_cycles(spin_ms)
     out = cupy.empty(1, dtype=cupy.float64)
     result = RaceResult(trials, 0, 0, [])
     for _ in range(trials):
@@ -146,10 +155,7 @@ def race(mr, *, trials: int = 200, nbytes: int = 4 << 20, spin_ms: float = 0.5,
         as_array(a, count, np.float32).set(host, stream=s1)
         with s1:
             out.fill(0.0)  # the checksum accumulates; an unrun kernel leaves 0, never the sum
-        kernel("slow_checksum")(
-            (grid_for(count),), (THREADS,), (a, np.uint64(count), np.int64(cycles), out),
-            stream=s1,
-        )
+        slow_checksum(a, count, spin_ms, out, s1)
         start = time.perf_counter()
         mr.deallocate(a, nbytes, r1)
         result.free_us.append((time.perf_counter() - start) * 1e6)

@@ -70,10 +70,7 @@ def test_deferred_free_does_not_block(cupy, scenarios, rng):
     scenarios.as_array(a, count, np.float32).set(host, stream=s1)
     out = cupy.zeros(1, dtype=cupy.float64)
     s1.synchronize()
-    scenarios.kernel("slow_checksum")(
-        (scenarios.grid_for(count),), (scenarios.THREADS,),
-        (a, np.uint64(count), np.int64(scenarios.spin_cycles(200)), out), stream=s1,
-    )
+    scenarios.slow_checksum(a, count, 200, out, s1)
     mr.deallocate(a, count * 4, rmm_stream(s1))
     assert not s1.done, "deallocate waited for the kernel"
     assert mr.pending_count == 1 and naive.cached_bytes == 0  # not upstream yet
@@ -96,10 +93,7 @@ def test_oom_drains_pending_frees_then_retries(cupy, scenarios, rng):
     scenarios.as_array(a, count, np.float32).set(host, stream=s1)
     out = cupy.zeros(1, dtype=cupy.float64)
     s1.synchronize()
-    scenarios.kernel("slow_checksum")(
-        (scenarios.grid_for(count),), (scenarios.THREADS,),
-        (a, np.uint64(count), np.int64(scenarios.spin_cycles(50)), out), stream=s1,
-    )
+    scenarios.slow_checksum(a, count, 50, out, s1)
     mr.deallocate(a, nbytes, rmm_stream(s1))
     assert mr.pending_bytes == nbytes and limiting.get_allocated_bytes() == nbytes
     b = mr.allocate(nbytes, rmm_stream(s2))  # over the limit until the drain
@@ -127,10 +121,7 @@ def test_max_pending_bytes_caps_the_pending_total(cupy, scenarios):
     for _ in range(8):
         a = mr.allocate(1 << 20, rmm_stream(s1))
         scenarios.fill(a, (1 << 20) // 4, seed=3, stream=s1)
-        scenarios.kernel("slow_checksum")(
-            (1,), (scenarios.THREADS,),
-            (a, np.uint64(16), np.int64(scenarios.spin_cycles(20)), out), stream=s1,
-        )
+        scenarios.slow_checksum(a, 16, 20, out, s1, grid=1)
         mr.deallocate(a, 1 << 20, rmm_stream(s1))
         assert mr.pending_bytes <= 3 << 20
     # 8 frees of 1 MiB behind 20 ms kernels: the 4th and later had to wait for the oldest

@@ -17,19 +17,12 @@ from libcpp.set cimport set as cpp_set
 from libcpp.vector cimport vector
 
 
-cdef extern from "rmm_fences/detail/sync_on_free_core.hpp" namespace "rmm_fences::mr":
-    cdef enum class sync_mode(int):
-        device
-        stream
-        deferred
-
-    cdef struct sync_on_free_stats:
-        uint64_t syncs
-        uint64_t deferred
-        uint64_t released
-        uint64_t oom_retries
-        uint64_t parked
-        uint64_t peak_pending_bytes
+from rmm_fences._lib._sync_on_free cimport (
+    mode_from_name,
+    stats_dict,
+    sync_mode,
+    sync_on_free_stats,
+)
 
 
 cdef extern from "rmm_fences/testing/host_sync_on_free.hpp" namespace "rmm_fences::testing":
@@ -72,9 +65,6 @@ cdef extern from "rmm_fences/testing/host_sync_on_free.hpp" namespace "rmm_fence
         host_upstream& upstream()
 
 
-_MODES = {"device": sync_mode.device, "stream": sync_mode.stream, "deferred": sync_mode.deferred}
-
-
 cdef class HostSyncOnFree:
     """SyncOnFree's core over host memory; fences are signalled by the test."""
 
@@ -84,7 +74,7 @@ cdef class HostSyncOnFree:
         cdef optional[size_t] cap
         if max_pending_bytes is not None:
             cap = <size_t>max_pending_bytes
-        self.c_obj.reset(new host_sync_on_free(_MODES[mode], cap, upstream_limit))
+        self.c_obj.reset(new host_sync_on_free(mode_from_name(mode), cap, upstream_limit))
 
     def allocate(self, size_t nbytes, uintptr_t stream=0, size_t alignment=256) -> int:
         return <uintptr_t>deref(self.c_obj).allocate(stream, nbytes, alignment)
@@ -150,9 +140,4 @@ cdef class HostSyncOnFree:
 
     @property
     def stats(self) -> dict:
-        cdef sync_on_free_stats s = deref(self.c_obj).core().stats()
-        return {
-            "syncs": s.syncs, "deferred": s.deferred, "released": s.released,
-            "oom_retries": s.oom_retries, "parked": s.parked,
-            "peak_pending_bytes": s.peak_pending_bytes,
-        }
+        return stats_dict(deref(self.c_obj).core().stats())

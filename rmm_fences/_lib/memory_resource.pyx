@@ -24,22 +24,16 @@ from rmm.pylibrmm.stream import DEFAULT_STREAM
 
 from rmm_fences._sizes import parse_bytes
 
+from rmm_fences._lib._sync_on_free cimport (
+    mode_from_name,
+    stats_dict,
+    sync_mode,
+    sync_on_free_stats,
+)
+
 
 cdef extern from "rmm_fences/sync_on_free_resource_adaptor.hpp" \
         namespace "rmm_fences::mr" nogil:
-    cdef enum class sync_mode(int):
-        device
-        stream
-        deferred
-
-    cdef struct sync_on_free_stats:
-        uint64_t syncs
-        uint64_t deferred
-        uint64_t released
-        uint64_t oom_retries
-        uint64_t parked
-        uint64_t peak_pending_bytes
-
     cdef cppclass sync_on_free_resource_adaptor_impl \
             "rmm_fences::mr::detail::sync_on_free_resource_adaptor_impl":
         void flush() except +
@@ -102,9 +96,6 @@ cdef extern from *:
         naive_caching_memory_resource&) except +
 
 
-_MODES = {"device": sync_mode.device, "stream": sync_mode.stream, "deferred": sync_mode.deferred}
-
-
 def _check_upstream(upstream_mr):
     if not isinstance(upstream_mr, DeviceMemoryResource):
         raise TypeError(
@@ -134,17 +125,12 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
 
     def __cinit__(self, DeviceMemoryResource upstream_mr, mode="deferred",
                   max_pending_bytes=None):
-        if not isinstance(mode, str) or mode not in _MODES:
-            raise ValueError(
-                "mode must be one of 'device', 'stream', 'deferred'; "
-                f"got {mode!r}"
-            )
+        cdef sync_mode c_mode = mode_from_name(mode)
         cdef optional[size_t] c_cap
         if max_pending_bytes is not None:
             self._max_pending_bytes = parse_bytes(max_pending_bytes, "max_pending_bytes")
             c_cap = <size_t>self._max_pending_bytes
         self._mode = mode
-        cdef sync_mode c_mode = _MODES[mode]
         self.c_obj.reset(new sync_on_free_resource_adaptor(
             any_resource[device_accessible](upstream_mr.get_mr()),
             c_mode,
@@ -186,15 +172,7 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         """Counters: ``syncs`` (host waits), ``deferred`` (frees that returned at once),
         ``released`` (pending blocks handed upstream), ``oom_retries``, ``parked`` (frees
         during stream capture), ``peak_pending_bytes``."""
-        cdef sync_on_free_stats s = deref(self.c_obj).get().stats()
-        return {
-            "syncs": s.syncs,
-            "deferred": s.deferred,
-            "released": s.released,
-            "oom_retries": s.oom_retries,
-            "parked": s.parked,
-            "peak_pending_bytes": s.peak_pending_bytes,
-        }
+        return stats_dict(deref(self.c_obj).get().stats())
 
 
 class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
