@@ -33,7 +33,8 @@ class SyncOnFreeModel(RuleBasedStateMachine):
     def setup(self, mode, cap, limit):
         self.mode, self.cap, self.limit = mode, cap, limit
         self.h = HostSyncOnFree(mode, cap, limit)
-        self.live = {}  # ptr -> size
+        self.live = {}  # allocation number -> (ptr, size); numbers keep draws reproducible
+        self.allocations = 0
         self.pending = {}  # ptr -> {size, stream, fence, parked}
         self.capturing = set()
         self.seen = 0
@@ -78,14 +79,15 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         if self.h.stats["oom_retries"] > before:
             self.may_block = True
             assert self.fenced_pending_bytes() == 0
-        assert ptr not in self.live and ptr not in self.pending
-        self.live[ptr] = size
+        assert ptr not in self.pending
+        assert all(p != ptr for p, _ in self.live.values())
+        self.live[self.allocations] = (ptr, size)
+        self.allocations += 1
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), stream=STREAMS)
     def free(self, data, stream):
-        ptr = data.draw(st.sampled_from(sorted(self.live)))
-        size = self.live.pop(ptr)
+        ptr, size = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
         parked = stream in self.capturing
         fence = self.h.deallocate(ptr, size, stream)
         if self.mode == "deferred" and not parked:
@@ -124,8 +126,7 @@ class SyncOnFreeModel(RuleBasedStateMachine):
     @rule(data=st.data(), stream=STREAMS)
     def free_when_recording_fails(self, data, stream):
         """No fence can be recorded: the free falls back to a stream sync, nothing is lost."""
-        ptr = data.draw(st.sampled_from(sorted(self.live)))
-        size = self.live.pop(ptr)
+        ptr, size = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
         parked = stream in self.capturing
         self.h.fail_next_record()
         fence = self.h.deallocate(ptr, size, stream)
@@ -170,7 +171,7 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         self.h.flush()
         self.absorb()
         assert not self.pending
-        for ptr, size in self.live.items():
+        for ptr, size in self.live.values():
             self.h.deallocate(ptr, size, 1)
         self.h.flush()
         assert self.h.pending_count == 0
