@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m rmm_fences demo
+	$(PY) -P -m rmm_fences demo  # -P: the source tree must not shadow the installed package
 
 clean:
 	rm -rf $(VENV) build
