@@ -4,9 +4,9 @@
 
 from cython.operator cimport dereference as deref
 from libc.stddef cimport size_t
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport uint64_t
 from libcpp.memory cimport unique_ptr
-from libcpp.optional cimport nullopt, optional
+from libcpp.optional cimport optional
 
 from rmm.librmm.cuda_stream_ref cimport stream_ref
 from rmm.librmm.memory_resource cimport (
