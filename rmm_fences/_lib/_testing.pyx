@@ -141,3 +141,154 @@ cdef class HostSyncOnFree:
     @property
     def stats(self) -> dict:
         return stats_dict(deref(self.c_obj).core().stats())
+
+
+cdef extern from "rmm_fences/testing/host_pool.hpp" namespace "rmm_fences::testing":
+    cdef cppclass pool_stats "rmm_fences::mr::stream_ordered_pool_stats":
+        uint64_t current_bytes
+        uint64_t peak_bytes
+        uint64_t pool_bytes
+        uint64_t same_stream_reuse
+        uint64_t cross_stream_reuse
+        uint64_t upstream_growths
+        uint64_t fences
+        uint64_t stream_waits
+        uint64_t reclaim_syncs
+        uint64_t retired_streams
+
+    cdef cppclass wait_record "std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>":
+        pass
+
+    cdef cppclass pool_log:
+        uint64_t clock
+        vector[uint64_t] syncs
+        cpp_set[uint64_t] capturing
+        uint64_t records
+
+    cdef cppclass pool_core_type "rmm_fences::detail::stream_ordered_pool_core<rmm_fences::testing::host_pool_platform, rmm_fences::testing::host_chunk_upstream>":
+        pool_stats stats()
+        size_t pool_size()
+
+    cdef cppclass host_pool:
+        host_pool(size_t, optional[size_t], size_t) except +
+        void* allocate(uint64_t, size_t, size_t) except +MemoryError
+        void deallocate(uint64_t, void*, size_t) except +
+        void retire(uint64_t) except +
+        size_t release() except +
+        pool_core_type& core()
+        pool_log& log()
+
+
+cdef extern from *:
+    """
+    #include <rmm_fences/testing/host_pool.hpp>
+    static PyObject* rmm_fences_pool_waits(rmm_fences::testing::host_pool& p)
+    {
+      auto const& w = p.log().waits;
+      PyObject* out = PyList_New(0);
+      for (auto const& [waiter, stream, clock] : w) {
+        PyObject* t = Py_BuildValue("(KKK)", (unsigned long long)waiter,
+                                    (unsigned long long)stream, (unsigned long long)clock);
+        PyList_Append(out, t);
+        Py_DECREF(t);
+      }
+      return out;
+    }
+    static PyObject* rmm_fences_pool_free_blocks(rmm_fences::testing::host_pool& p)
+    {
+      PyObject* out = PyList_New(0);
+      for (auto const& [ptr, size, owner] : p.free_blocks()) {
+        PyObject* t = Py_BuildValue("(KKK)", (unsigned long long)ptr, (unsigned long long)size,
+                                    (unsigned long long)owner);
+        PyList_Append(out, t);
+        Py_DECREF(t);
+      }
+      return out;
+    }
+    static PyObject* rmm_fences_pool_chunks(rmm_fences::testing::host_pool& p)
+    {
+      PyObject* out = PyList_New(0);
+      for (auto const& [ptr, size] : p.chunks()) {
+        PyObject* t = Py_BuildValue("(KK)", (unsigned long long)ptr, (unsigned long long)size);
+        PyList_Append(out, t);
+        Py_DECREF(t);
+      }
+      return out;
+    }
+    """
+    object rmm_fences_pool_waits(host_pool&)
+    object rmm_fences_pool_free_blocks(host_pool&) except +
+    object rmm_fences_pool_chunks(host_pool&) except +
+
+
+cdef class HostStreamOrderedPool:
+    """The stream-ordered pool's core over host chunks; every fence, wait and sync logged
+    against a clock that advances once per call."""
+
+    cdef unique_ptr[host_pool] c_obj
+
+    def __cinit__(self, size_t initial_pool_size=0, maximum_pool_size=None,
+                  size_t upstream_limit=1 << 40):
+        cdef optional[size_t] cap
+        if maximum_pool_size is not None:
+            cap = <size_t>maximum_pool_size
+        self.c_obj.reset(new host_pool(initial_pool_size, cap, upstream_limit))
+
+    def allocate(self, size_t nbytes, uint64_t stream=0, size_t alignment=256) -> int:
+        return <uintptr_t>deref(self.c_obj).allocate(stream, nbytes, alignment)
+
+    def deallocate(self, uintptr_t ptr, size_t nbytes, uint64_t stream=0) -> None:
+        deref(self.c_obj).deallocate(stream, <void*>ptr, nbytes)
+
+    def retire_stream(self, uint64_t stream) -> None:
+        deref(self.c_obj).retire(stream)
+
+    def release(self) -> int:
+        return deref(self.c_obj).release()
+
+    def begin_capture(self, uint64_t stream) -> None:
+        deref(self.c_obj).log().capturing.insert(stream)
+
+    def end_capture(self, uint64_t stream) -> None:
+        deref(self.c_obj).log().capturing.erase(stream)
+
+    @property
+    def clock(self) -> int:
+        return deref(self.c_obj).log().clock
+
+    @property
+    def waits(self) -> list:
+        """(waiter stream, recording stream, clock of the record waited on), in order."""
+        return rmm_fences_pool_waits(deref(self.c_obj))
+
+    @property
+    def syncs(self) -> list:
+        return list(deref(self.c_obj).log().syncs)
+
+    @property
+    def records(self) -> int:
+        return deref(self.c_obj).log().records
+
+    @property
+    def free_blocks(self) -> list:
+        """(address, size, owner stream or 0 when shared)."""
+        return rmm_fences_pool_free_blocks(deref(self.c_obj))
+
+    @property
+    def chunks(self) -> list:
+        return rmm_fences_pool_chunks(deref(self.c_obj))
+
+    def pool_size(self) -> int:
+        return deref(self.c_obj).core().pool_size()
+
+    @property
+    def stats(self) -> dict:
+        cdef pool_stats s = deref(self.c_obj).core().stats()
+        return {
+            "current_bytes": s.current_bytes, "peak_bytes": s.peak_bytes,
+            "pool_bytes": s.pool_bytes, "same_stream_reuse": s.same_stream_reuse,
+            "cross_stream_reuse": s.cross_stream_reuse,
+            "upstream_growths": s.upstream_growths, "fences": s.fences,
+            "stream_waits": s.stream_waits, "reclaim_syncs": s.reclaim_syncs,
+            "retired_streams": s.retired_streams,
+        }
