@@ -8,7 +8,10 @@
 
 import rmm  # noqa: F401  (loads librmm.so, which the extension links)
 
-from rmm_fences._lib.memory_resource import SyncOnFreeResourceAdaptor
+from rmm_fences._lib.memory_resource import (
+    StreamOrderedPoolMemoryResource,
+    SyncOnFreeResourceAdaptor,
+)
 
-__all__ = ["SyncOnFreeResourceAdaptor", "__version__"]
+__all__ = ["StreamOrderedPoolMemoryResource", "SyncOnFreeResourceAdaptor", "__version__"]
 __version__ = "0.1.0"

@@ -18,6 +18,10 @@ def _parser() -> argparse.ArgumentParser:
         help="reproduce the free-while-in-use race and show each SyncOnFree mode fixing it",
     )
     demo.add_argument("--trials", type=int, default=200, help="trials per chain (default 200)")
+    sub.add_parser(
+        "pool-bench",
+        help="StreamOrderedPoolMemoryResource against rmm's pool and CudaAsync (P1-P4)",
+    )
     return parser
 
 
@@ -29,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rmm-fences {args.command}: {no_device_reason()}; this command needs a CUDA GPU.",
               file=sys.stderr)
         return 2
+    if args.command == "pool-bench":
+        from rmm_fences import _pool_bench
+
+        return _pool_bench.run()
     if args.trials < 1:
         print("rmm-fences demo: --trials must be at least 1", file=sys.stderr)
         return 2

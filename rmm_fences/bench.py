@@ -3,6 +3,11 @@
 
 import rmm  # noqa: F401
 
-from rmm_fences._lib.memory_resource import alloc_free_ns, fence_call_ns
+from rmm_fences._lib.memory_resource import (
+    alloc_free_ns,
+    fence_call_ns,
+    random_allocations,
+    threaded_alloc_free,
+)
 
-__all__ = ["alloc_free_ns", "fence_call_ns"]
+__all__ = ["alloc_free_ns", "fence_call_ns", "random_allocations", "threaded_alloc_free"]

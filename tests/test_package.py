@@ -9,7 +9,7 @@ import pytest
 import rmm
 
 import rmm_fences
-from rmm_fences import SyncOnFreeResourceAdaptor
+from rmm_fences import StreamOrderedPoolMemoryResource, SyncOnFreeResourceAdaptor
 from rmm_fences._cuda import device_count
 from rmm_fences._sizes import parse_bytes
 from rmm_fences.bench import alloc_free_ns
@@ -17,7 +17,9 @@ from rmm_fences.unsafe import NaiveCachingMemoryResource
 
 
 def test_public_names():
-    assert rmm_fences.__all__ == ["SyncOnFreeResourceAdaptor", "__version__"]
+    assert rmm_fences.__all__ == [
+        "StreamOrderedPoolMemoryResource", "SyncOnFreeResourceAdaptor", "__version__"]
+    assert issubclass(StreamOrderedPoolMemoryResource, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(SyncOnFreeResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(NaiveCachingMemoryResource, rmm.mr.UpstreamResourceAdaptor)
 
@@ -26,7 +28,8 @@ def test_typed_stubs_are_installed():
     lib = pathlib.Path(rmm_fences.__file__).parent / "_lib"
     stub = (lib / "memory_resource.pyi").read_text()
     for name in ("class SyncOnFreeResourceAdaptor", "class NaiveCachingMemoryResource",
-                 "def alloc_free_ns"):
+                 "class StreamOrderedPoolMemoryResource", "def alloc_free_ns",
+                 "def random_allocations", "def threaded_alloc_free"):
         assert name in stub
     assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
 
@@ -88,3 +91,22 @@ def test_cli_help_works_everywhere():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
     assert "demo" in proc.stdout
+
+
+@pytest.mark.parametrize("bad", [None, "cuda", 3])
+def test_pool_upstream_must_be_a_resource(bad):
+    with pytest.raises(TypeError, match="upstream_mr must be an rmm.mr.DeviceMemoryResource"):
+        StreamOrderedPoolMemoryResource(bad)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [({"initial_pool_size": -1}, "initial_pool_size"),
+     ({"initial_pool_size": "big"}, "initial_pool_size"),
+     ({"maximum_pool_size": "-1GiB"}, "maximum_pool_size"),
+     ({"maximum_pool_size": "lots"}, "maximum_pool_size"),
+     ({"initial_pool_size": "2GiB", "maximum_pool_size": "1GiB"}, "maximum_pool_size")],
+)
+def test_pool_bad_sizes_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), **kwargs)

@@ -15,6 +15,7 @@ python3 -P -c "import rmm, cupy, rmm_fences; print('rmm', rmm.__version__, 'cupy
 python3 -P -m pytest -p no:cacheprovider -rs -s "$@" 2>&1 | tee "$out/pytest.log" | grep -v "^$"
 rc=${PIPESTATUS[0]}
 python3 -P -m rmm_fences demo 2>&1 | tee "$out/demo.log"
+python3 -P -m rmm_fences pool-bench 2>&1 | tee "$out/pool-bench.log"
 echo "pytest exit code: $rc"
 grep -E "^(=+ .*(passed|failed|error).* =+)$" "$out/pytest.log" | tail -1
 exit "$rc"

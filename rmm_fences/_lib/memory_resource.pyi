@@ -52,3 +52,45 @@ def alloc_free_ns(
 ) -> float: ...
 
 def fence_call_ns(iterations: int = 100000, stream: Any = None) -> dict[str, float]: ...
+
+def random_allocations(
+    mr: DeviceMemoryResource,
+    operations: int = 100000,
+    *,
+    max_live: int = 10000,
+    min_size: int | str = 256,
+    max_size: int | str = "4MiB",
+    max_live_bytes: int | str = "16GiB",
+    seed: int = 0,
+    stream: Any = None,
+) -> float: ...
+def threaded_alloc_free(
+    mr: DeviceMemoryResource, nbytes: int | str, iterations: int, streams: list[Any]
+) -> float: ...
+
+class StreamOrderedPoolStats(TypedDict):
+    current_bytes: int
+    peak_bytes: int
+    pool_bytes: int
+    same_stream_reuse: int
+    cross_stream_reuse: int
+    upstream_growths: int
+    fences: int
+    stream_waits: int
+    reclaim_syncs: int
+    retired_streams: int
+
+class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
+    def __init__(
+        self,
+        upstream_mr: DeviceMemoryResource,
+        initial_pool_size: int | str | None = None,
+        maximum_pool_size: int | str | None = None,
+    ) -> None: ...
+    def pool_size(self) -> int: ...
+    @property
+    def maximum_pool_size(self) -> int | None: ...
+    def release(self) -> int: ...
+    def retire_stream(self, stream: Any) -> None: ...
+    @property
+    def stats(self) -> StreamOrderedPoolStats: ...

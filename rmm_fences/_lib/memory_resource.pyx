@@ -7,6 +7,8 @@ from libc.stddef cimport size_t
 from libc.stdint cimport uint64_t
 from libcpp.memory cimport unique_ptr
 from libcpp.optional cimport optional
+from libcpp.vector cimport vector
+from cuda.bindings.cyruntime cimport cudaStream_t
 
 from rmm.librmm.cuda_stream_ref cimport stream_ref
 from rmm.librmm.memory_resource cimport (
@@ -86,6 +88,44 @@ cdef extern from "rmm_fences/bench.hpp" namespace "rmm_fences::bench" nogil:
     fence_costs c_fence_call_ns "rmm_fences::bench::fence_call_ns"(
         stream_ref stream, uint64_t iterations) except +
 
+    double c_random_allocations_ops "rmm_fences::bench::random_allocations_ops"(
+        device_async_resource_ref mr, uint64_t operations, size_t max_live, size_t min_size,
+        size_t max_size, size_t max_live_bytes, uint64_t seed, stream_ref stream) except +
+
+    double c_threaded_alloc_free_pairs "rmm_fences::bench::threaded_alloc_free_pairs"(
+        device_async_resource_ref mr, size_t nbytes, uint64_t iterations,
+        const vector[cudaStream_t]& streams) except +
+
+
+cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
+        namespace "rmm_fences::mr" nogil:
+    cdef cppclass stream_ordered_pool_stats:
+        uint64_t current_bytes
+        uint64_t peak_bytes
+        uint64_t pool_bytes
+        uint64_t same_stream_reuse
+        uint64_t cross_stream_reuse
+        uint64_t upstream_growths
+        uint64_t fences
+        uint64_t stream_waits
+        uint64_t reclaim_syncs
+        uint64_t retired_streams
+
+    cdef cppclass stream_ordered_pool_memory_resource_impl \
+            "rmm_fences::mr::detail::stream_ordered_pool_memory_resource_impl":
+        void retire_stream(stream_ref stream) except +
+        size_t release() except +
+        size_t pool_size()
+        stream_ordered_pool_stats stats()
+
+    cdef cppclass stream_ordered_pool_memory_resource:
+        stream_ordered_pool_memory_resource(
+            any_resource[device_accessible] upstream,
+            size_t initial_pool_size,
+            optional[size_t] maximum_pool_size,
+        ) except +
+        stream_ordered_pool_memory_resource_impl& get()
+
 
 # rmm declares the template of make_device_async_resource_ref (librmm/memory_resource.pxd);
 # these are its overloads for our resources.
@@ -94,6 +134,8 @@ cdef extern from *:
         sync_on_free_resource_adaptor&) except +
     optional[device_async_resource_ref] make_device_async_resource_ref(
         naive_caching_memory_resource&) except +
+    optional[device_async_resource_ref] make_device_async_resource_ref(
+        stream_ordered_pool_memory_resource&) except +
 
 
 def _check_upstream(upstream_mr):
@@ -334,3 +376,160 @@ def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
         "cu_event_query": c.cu_event_query,
         "cu_stream_is_capturing": c.cu_stream_is_capturing,
     }
+
+
+def random_allocations(DeviceMemoryResource mr not None, size_t operations=100000, *,
+                       size_t max_live=10000, min_size=256, max_size="4MiB",
+                       max_live_bytes="16GiB", uint64_t seed=0, stream=None) -> float:
+    """Operations per second of a random allocate/free mix, timed in C++ without the GIL.
+
+    The shape of RMM's RANDOM_ALLOCATIONS benchmark: sizes uniform in
+    ``[min_size, max_size]``, at most ``max_live`` blocks and ``max_live_bytes`` live; each
+    step allocates or frees a random live block. Blocks still live at the end are freed.
+    """
+    cdef size_t lo = parse_bytes(min_size, "min_size")
+    cdef size_t hi = parse_bytes(max_size, "max_size")
+    cdef size_t cap = parse_bytes(max_live_bytes, "max_live_bytes")
+    if lo == 0 or hi < lo:
+        raise ValueError(f"need 0 < min_size <= max_size, got {lo} and {hi}")
+    if max_live == 0:
+        raise ValueError("max_live must be positive, got 0")
+    cdef Stream s = _as_stream(stream)
+    cdef stream_ref c_stream = s.view()
+    cdef double ops
+    with nogil:
+        ops = c_random_allocations_ops(mr.get_mr(), operations, max_live, lo, hi, cap, seed,
+                                       c_stream)
+    return ops
+
+
+def threaded_alloc_free(DeviceMemoryResource mr not None, nbytes, size_t iterations,
+                        streams) -> float:
+    """Aggregate allocate+free pairs per second of one C++ thread per stream in ``streams``
+    (rmm, CuPy, cuda.core or ``__cuda_stream__`` streams), all started together."""
+    cdef size_t c_nbytes = parse_bytes(nbytes, "nbytes")
+    cdef list rstreams = [_as_stream(x) for x in streams]
+    if not rstreams:
+        raise ValueError("streams must hold at least one stream")
+    cdef vector[cudaStream_t] handles
+    cdef Stream rs
+    for rs in rstreams:
+        handles.push_back(rs.view().get())
+    cdef double pairs
+    with nogil:
+        pairs = c_threaded_alloc_free_pairs(mr.get_mr(), c_nbytes, iterations, handles)
+    return pairs
+
+
+cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
+    cdef unique_ptr[stream_ordered_pool_memory_resource] c_obj
+    cdef object _maximum_pool_size
+
+    def __cinit__(self, DeviceMemoryResource upstream_mr, initial_pool_size=None,
+                  maximum_pool_size=None):
+        cdef size_t initial = 0
+        cdef optional[size_t] maximum
+        if initial_pool_size is not None:
+            initial = parse_bytes(initial_pool_size, "initial_pool_size")
+        if maximum_pool_size is not None:
+            self._maximum_pool_size = parse_bytes(maximum_pool_size, "maximum_pool_size")
+            if self._maximum_pool_size < initial:
+                raise ValueError(
+                    f"maximum_pool_size ({self._maximum_pool_size}) must be at least "
+                    f"initial_pool_size ({initial})"
+                )
+            maximum = <size_t>self._maximum_pool_size
+        with nogil:
+            self.c_obj.reset(new stream_ordered_pool_memory_resource(
+                any_resource[device_accessible](upstream_mr.get_mr()), initial, maximum,
+            ))
+        self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
+
+    def pool_size(self) -> int:
+        """Bytes held from the upstream."""
+        return deref(self.c_obj).get().pool_size()
+
+    @property
+    def maximum_pool_size(self):
+        """The bound on :meth:`pool_size`, or ``None``."""
+        return self._maximum_pool_size
+
+    def release(self) -> int:
+        """Synchronize the device, then return every wholly free chunk to the upstream.
+
+        Returns the number of bytes returned. Blocks cached by streams are reclaimed first.
+        """
+        cdef size_t n
+        with nogil:
+            n = deref(self.c_obj).get().release()
+        return n
+
+    def retire_stream(self, stream) -> None:
+        """Fence ``stream`` and hand the blocks it freed to every stream; call this before
+        destroying a stream that freed memory into the pool.
+
+        Without it, blocks freed on a destroyed stream stay reserved for it until the pool
+        runs short (one device synchronization then reclaims them) or :meth:`release`.
+        """
+        cdef Stream s = _as_stream(stream)
+        cdef stream_ref c_stream = s.view()
+        with nogil:
+            deref(self.c_obj).get().retire_stream(c_stream)
+
+    @property
+    def stats(self) -> dict:
+        """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``same_stream_reuse``,
+        ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
+        ``reclaim_syncs``, ``retired_streams``."""
+        cdef stream_ordered_pool_stats s = deref(self.c_obj).get().stats()
+        return {
+            "current_bytes": s.current_bytes,
+            "peak_bytes": s.peak_bytes,
+            "pool_bytes": s.pool_bytes,
+            "same_stream_reuse": s.same_stream_reuse,
+            "cross_stream_reuse": s.cross_stream_reuse,
+            "upstream_growths": s.upstream_growths,
+            "fences": s.fences,
+            "stream_waits": s.stream_waits,
+            "reclaim_syncs": s.reclaim_syncs,
+            "retired_streams": s.retired_streams,
+        }
+
+
+class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
+    """A pool that is safe without any host synchronization: reuse follows stream order.
+
+    Parameters
+    ----------
+    upstream_mr : DeviceMemoryResource
+        Where chunks come from.
+    initial_pool_size : int or str, optional
+        Bytes taken from the upstream at construction (``"1GiB"`` accepted). ``None``
+        (default): nothing until the first allocation, then 64 MiB or the request.
+    maximum_pool_size : int or str, optional
+        The most bytes the pool may hold. ``None`` (default): no bound.
+
+    Notes
+    -----
+    A block freed on stream S is reused on S at once, with no CUDA call. Another stream T
+    takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
+    free; S records one fence per batch of frees (32 frees, or 1/16 of the pool in bytes),
+    never one per free, and never while it is being captured. The pool grows by doubling,
+    trying smaller chunks when the upstream is short; right before raising
+    :class:`MemoryError` it synchronizes the device once and reclaims every stream's frees.
+    Streams that freed memory should be retired with :meth:`retire_stream` before they are
+    destroyed. The pool belongs to the device current at construction.
+    """
+
+    def __new__(cls, upstream_mr, initial_pool_size=None, maximum_pool_size=None):
+        _check_upstream(upstream_mr)
+        return super().__new__(cls, upstream_mr, initial_pool_size, maximum_pool_size)
+
+    def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None):
+        pass
+
+    def __repr__(self):
+        return (
+            f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
+            f"pool_size={self.pool_size()}, maximum_pool_size={self.maximum_pool_size!r})"
+        )

@@ -12,9 +12,14 @@
 
 #include <rmm_fences/detail/driver_api.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
 
 namespace rmm_fences::bench {
 
@@ -91,6 +96,92 @@ inline fence_costs fence_call_ns(cuda::stream_ref stream, std::uint64_t iteratio
   }
   (void)cudaEventDestroy(event);
   return costs;
+}
+
+/**
+ * @brief Operations per second of a random allocate/free mix (the shape of RMM's
+ * RANDOM_ALLOCATIONS benchmark): sizes uniform in [min_size, max_size], at most `max_live`
+ * blocks and `max_live_bytes` live, each step allocating or freeing a random live block.
+ * Everything still live at the end is freed (and timed).
+ */
+inline double random_allocations_ops(rmm::device_async_resource_ref mr,
+                                     std::uint64_t operations,
+                                     std::size_t max_live,
+                                     std::size_t min_size,
+                                     std::size_t max_size,
+                                     std::size_t max_live_bytes,
+                                     std::uint64_t seed,
+                                     cuda::stream_ref stream)
+{
+  std::mt19937_64 rng{seed};
+  std::uniform_int_distribution<std::size_t> size_of{min_size, max_size};
+  std::vector<std::pair<void*, std::size_t>> live;
+  live.reserve(max_live);
+  std::size_t live_bytes = 0;
+  std::uint64_t done     = 0;
+  auto const start       = std::chrono::steady_clock::now();
+  for (std::uint64_t i = 0; i < operations; ++i) {
+    auto const size    = size_of(rng);
+    bool const can_add = live.size() < max_live && live_bytes + size <= max_live_bytes;
+    if (can_add && (live.empty() || (rng() & 1U) != 0)) {
+      live.emplace_back(mr.allocate(stream, size, rmm::CUDA_ALLOCATION_ALIGNMENT), size);
+      live_bytes += size;
+    } else {
+      auto const k = static_cast<std::size_t>(rng() % live.size());
+      std::swap(live[k], live.back());
+      mr.deallocate(stream, live.back().first, live.back().second,
+                    rmm::CUDA_ALLOCATION_ALIGNMENT);
+      live_bytes -= live.back().second;
+      live.pop_back();
+    }
+    ++done;
+  }
+  for (auto const& [p, n] : live) {
+    mr.deallocate(stream, p, n, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    ++done;
+  }
+  auto const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return static_cast<double>(done) / s;
+}
+
+/**
+ * @brief Aggregate allocate+free pairs per second of one thread per stream, each running
+ * `iterations` pairs of `bytes` on its own stream, started together.
+ */
+inline double threaded_alloc_free_pairs(rmm::device_async_resource_ref mr,
+                                        std::size_t bytes,
+                                        std::uint64_t iterations,
+                                        std::vector<cudaStream_t> const& streams)
+{
+  std::atomic<std::size_t> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  int device = 0;
+  RMM_CUDA_TRY(cudaGetDevice(&device));
+  for (auto handle : streams) {
+    threads.emplace_back([&, handle] {
+      (void)cudaSetDevice(device);
+      cuda::stream_ref stream{handle};
+      for (int i = 0; i < 100; ++i) {  // warm up: the stream's slot, caches
+        mr.deallocate(stream, mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT), bytes,
+                      rmm::CUDA_ALLOCATION_ALIGNMENT);
+      }
+      ready.fetch_add(1);
+      while (!go.load()) {}
+      for (std::uint64_t i = 0; i < iterations; ++i) {
+        mr.deallocate(stream, mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT), bytes,
+                      rmm::CUDA_ALLOCATION_ALIGNMENT);
+      }
+    });
+  }
+  while (ready.load() < streams.size()) {}
+  auto const start = std::chrono::steady_clock::now();
+  go.store(true);
+  for (auto& t : threads) {
+    t.join();
+  }
+  auto const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return static_cast<double>(iterations * streams.size()) / s;
 }
 
 }  // namespace rmm_fences::bench

@@ -18,10 +18,14 @@ struct driver_api {
   using event_record_fn  = CUresult (*)(CUevent, CUstream);
   using event_query_fn   = CUresult (*)(CUevent);
   using is_capturing_fn  = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  using stream_get_id_fn = CUresult (*)(CUstream, unsigned long long*);
+  using stream_wait_fn   = CUresult (*)(CUstream, CUevent, unsigned int);
 
   event_record_fn event_record{};
   event_query_fn event_query{};
   is_capturing_fn stream_is_capturing{};
+  stream_get_id_fn stream_get_id{};
+  stream_wait_fn stream_wait_event{};
 
   /// The process-wide table (entries stay null where the driver does not provide them).
   static driver_api const& get() noexcept
@@ -51,6 +55,8 @@ struct driver_api {
     api.event_record        = entry<event_record_fn>("cuEventRecord");
     api.event_query         = entry<event_query_fn>("cuEventQuery");
     api.stream_is_capturing = entry<is_capturing_fn>("cuStreamIsCapturing");
+    api.stream_get_id       = entry<stream_get_id_fn>("cuStreamGetId");
+    api.stream_wait_event   = entry<stream_wait_fn>("cuStreamWaitEvent");
     return api;
   }
 };

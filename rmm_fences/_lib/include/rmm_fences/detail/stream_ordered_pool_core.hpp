@@ -48,6 +48,7 @@ namespace rmm_fences::detail {
  * `Platform` provides:
  *
  *   using stream_type; using fence_type; using out_of_memory;   // the upstream's exception
+ *   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t pool_bytes);
  *   std::uint64_t stream_id(stream_type) noexcept;             // identity, never reused
  *   fence_type create_fence(); void destroy_fence(fence_type) noexcept;
  *   bool record(fence_type, stream_type) noexcept;             // after work queued on stream
@@ -91,6 +92,8 @@ class stream_ordered_pool_core {
   static constexpr std::size_t fence_batch = 32;
   /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced.
   static constexpr std::size_t fence_fraction = 16;
+  /// Frees per stream kept for exact-size reuse before they join the stream's free list.
+  static constexpr std::size_t recent_capacity = 8;
   /// Size of the first chunk when no initial size is given.
   static constexpr std::size_t default_first_chunk = std::size_t{64} << 20;
 
@@ -125,10 +128,12 @@ class stream_ordered_pool_core {
     shared_.take_all();  // drops the shared list's references to slots
     for (auto& [id, slot] : slots_) {
       slot->cache.take_all();
+      slot->recent_count = 0;
       if (!device_alive) { slot->fence.reset(); }
     }
     for (auto& slot : retired_) {
       slot->cache.take_all();
+      slot->recent_count = 0;
       if (!device_alive) { slot->fence.reset(); }
     }
     slots_.clear();
@@ -150,10 +155,18 @@ class stream_ordered_pool_core {
     auto& slot       = lookup(stream);
     {
       std::lock_guard<std::mutex> lock(slot.mutex);
-      auto b = slot.cache.take_best_fit(size, align);
-      if (b.ptr != nullptr) {
+      char* ptr = take_recent(slot, size, align);
+      if (ptr == nullptr) {
+        auto b = slot.cache.take_best_fit(size, align);
+        if (b.ptr == nullptr && slot.recent_count > 0) {
+          flush_recent(slot);
+          b = slot.cache.take_best_fit(size, align);
+        }
+        ptr = b.ptr;
+      }
+      if (ptr != nullptr) {
         same_stream_reuse_.fetch_add(1, std::memory_order_relaxed);
-        return account(b.ptr, size);
+        return account(ptr, size);
       }
     }
     if (void* ptr = take_shared(slot, stream, size, align); ptr != nullptr) { return ptr; }
@@ -162,7 +175,7 @@ class stream_ordered_pool_core {
     if (!platform_.is_capturing(stream) && reclaim()) {
       if (void* ptr = take_shared(slot, stream, size, align); ptr != nullptr) { return ptr; }
     }
-    throw typename Platform::out_of_memory{};
+    Platform::throw_out_of_memory(bytes, pool_bytes_.load(std::memory_order_relaxed));
   }
 
   /// Frees a block on `stream`: it is reusable on `stream` at once, elsewhere after a fence.
@@ -172,11 +185,16 @@ class stream_ordered_pool_core {
     auto& slot      = lookup(stream);
     current_bytes_.fetch_sub(size, std::memory_order_relaxed);
     std::unique_lock<std::mutex> lock(slot.mutex);
-    try {
-      slot.cache.insert(static_cast<char*>(ptr), size, no_tag{}, chunk_start_test());
-    } catch (...) {
-      // No host memory to list the block: it stays allocated (lost to reuse, never reused early).
-      return;
+    if (slot.recent_count < recent_capacity) {
+      slot.recent[slot.recent_count++] = {static_cast<char*>(ptr), size};
+      slot.recent_bytes += size;
+    } else {
+      try {
+        slot.cache.insert(static_cast<char*>(ptr), size, no_tag{}, chunk_start_test());
+      } catch (...) {
+        // No host memory to list the block: it stays allocated (never reused early).
+        return;
+      }
     }
     ++slot.frees_since_fence;
     if (should_fence(slot)) { fence_and_share(slot, stream, lock); }
@@ -275,6 +293,9 @@ class stream_ordered_pool_core {
   {
     for_each_slot([&](slot_type& slot) {
       std::lock_guard<std::mutex> slot_lock(slot.mutex);
+      for (std::size_t i = 0; i < slot.recent_count; ++i) {
+        f(slot.recent[i].first, slot.recent[i].second, slot.id);
+      }
       slot.cache.for_each([&](char* p, std::size_t n, no_tag&) { f(p, n, slot.id); });
     });
     std::lock_guard<std::mutex> lock(shared_mutex_);
@@ -337,6 +358,11 @@ class stream_ordered_pool_core {
 
     std::mutex mutex;                     // guards the fields below
     free_list<no_tag> cache;              // freed on this stream since its last fence
+    // The last few frees, kept as they are (no coalescing yet) for exact-size reuse without
+    // touching the free list; part of the cache in every other respect (`flush_recent`).
+    std::array<std::pair<char*, std::size_t>, recent_capacity> recent{};
+    std::size_t recent_count{};
+    std::size_t recent_bytes{};
     std::size_t frees_since_fence{};
     std::unordered_map<std::uint64_t, std::uint64_t> waited;  // other slot serial -> fence no.
     std::atomic<bool> fence_requested{};
@@ -414,18 +440,50 @@ class stream_ordered_pool_core {
     };
   }
 
+  /// An exact-size block of the last frees at `align`, or nullptr (caller holds slot.mutex).
+  static char* take_recent(slot_type& slot, std::size_t size, std::size_t align) noexcept
+  {
+    for (std::size_t i = slot.recent_count; i-- > 0;) {
+      auto const [ptr, n] = slot.recent[i];
+      if (n == size && reinterpret_cast<std::uintptr_t>(ptr) % align == 0) {
+        slot.recent[i] = slot.recent[--slot.recent_count];
+        slot.recent_bytes -= n;
+        return ptr;
+      }
+    }
+    return nullptr;
+  }
+
+  /// Moves the last frees into the stream's free list, coalescing them (caller holds
+  /// slot.mutex). A block that cannot be listed (no host memory) stays in `recent`.
+  void flush_recent(slot_type& slot) noexcept
+  {
+    while (slot.recent_count > 0) {
+      auto const [ptr, n] = slot.recent[slot.recent_count - 1];
+      try {
+        slot.cache.insert(ptr, n, no_tag{}, chunk_start_test());
+      } catch (...) {
+        return;
+      }
+      --slot.recent_count;
+      slot.recent_bytes -= n;
+    }
+  }
+
   [[nodiscard]] bool should_fence(slot_type& slot) const noexcept
   {
     if (slot.fence_requested.load(std::memory_order_relaxed)) { return true; }
     if (slot.frees_since_fence >= fence_batch) { return true; }
     auto const pool = pool_bytes_.load(std::memory_order_relaxed);
-    return slot.cache.free_bytes() >= std::max<std::size_t>(pool / fence_fraction, 1);
+    return slot.cache.free_bytes() + slot.recent_bytes >=
+           std::max<std::size_t>(pool / fence_fraction, 1);
   }
 
   /// Records `slot`'s fence on `stream` and moves its cache to the shared list (called with
   /// `slot.mutex` held through `lock`, which it releases). Skipped during capture.
   void fence_and_share(slot_type& slot, stream_type stream, std::unique_lock<std::mutex>& lock)
   {
+    flush_recent(slot);
     if (slot.cache.empty() || platform_.is_capturing(stream)) { return; }
     std::uint64_t number = 0;
     {
@@ -600,6 +658,7 @@ class stream_ordered_pool_core {
     std::vector<typename free_list<no_tag>::block> blocks;
     for_each_slot([&](slot_type& slot) {
       std::lock_guard<std::mutex> slot_lock(slot.mutex);
+      flush_recent(slot);
       for (auto& b : slot.cache.take_all()) {
         blocks.push_back(std::move(b));
       }

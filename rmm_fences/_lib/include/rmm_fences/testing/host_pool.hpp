@@ -88,6 +88,11 @@ class host_pool_platform {
 
   static stream_type default_stream() noexcept { return 0; }
 
+  [[noreturn]] static void throw_out_of_memory(std::size_t, std::size_t)
+  {
+    throw pool_host_out_of_memory{};
+  }
+
  private:
   std::shared_ptr<pool_log> log_;
 };

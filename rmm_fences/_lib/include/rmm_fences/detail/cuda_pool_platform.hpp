@@ -1,0 +1,129 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * CUDA mechanism (DESIGN.md layer 2) of the stream-ordered pool: stream identity, fences,
+ * device-side waits.
+ */
+#pragma once
+
+#include <rmm_fences/detail/cuda_events.hpp>
+#include <rmm_fences/detail/driver_api.hpp>
+
+#include <rmm/cuda_device.hpp>
+#include <rmm/detail/error.hpp>
+#include <rmm/error.hpp>
+
+#include <cuda/stream>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace rmm_fences::detail {
+
+/// `stream_ordered_pool_core`'s platform on one CUDA device.
+class cuda_pool_platform {
+ public:
+  using stream_type   = cuda::stream_ref;
+  using fence_type    = cudaEvent_t;
+  using out_of_memory = rmm::out_of_memory;
+
+  /// The identity used for the legacy default stream (real stream ids count up from small
+  /// numbers and never reach it).
+  static constexpr std::uint64_t legacy_stream_id = std::numeric_limits<std::uint64_t>::max();
+
+  explicit cuda_pool_platform(rmm::cuda_device_id device) : device_{device} {}
+
+  [[nodiscard]] rmm::cuda_device_id device() const noexcept { return device_; }
+
+  /**
+   * @brief The identity of `stream`: `cuStreamGetId`, unique for the process's lifetime, so a
+   * handle reused after `cudaStreamDestroy` is a new identity. The legacy default stream
+   * (handle 0 or `cudaStreamLegacy`) has a fixed identity without a call; the per-thread
+   * default stream's identity is looked up once per thread and device.
+   */
+  std::uint64_t stream_id(cuda::stream_ref stream) const noexcept
+  {
+    auto const handle = stream.get();
+    if (handle == nullptr || handle == cudaStreamLegacy) { return legacy_stream_id; }
+    if (handle == cudaStreamPerThread) {
+      thread_local int cached_device = -1;
+      thread_local std::uint64_t cached_id{};
+      if (cached_device != device_.value()) {
+        cached_id     = query_id(handle);
+        cached_device = device_.value();
+      }
+      return cached_id;
+    }
+    return query_id(handle);
+  }
+
+  [[nodiscard]] cudaEvent_t create_fence() const
+  {
+    rmm::cuda_set_device_raii guard{device_};
+    cudaEvent_t event{};
+    RMM_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return event;
+  }
+
+  static void destroy_fence(cudaEvent_t event) noexcept { (void)cudaEventDestroy(event); }
+
+  static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
+  {
+    return cuda_platform::record(event, stream);
+  }
+
+  /// Enqueues on `waiter` a wait for `event` (device side: the host does not block).
+  static bool stream_wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
+  {
+    if (auto const wait = driver_api::get().stream_wait_event; wait != nullptr) {
+      if (wait(reinterpret_cast<CUstream>(waiter.get()), reinterpret_cast<CUevent>(event), 0) ==
+          CUDA_SUCCESS) {
+        return true;
+      }
+    }
+    if (cudaStreamWaitEvent(waiter.get(), event, 0) == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+
+  static bool is_capturing(cuda::stream_ref stream) noexcept
+  {
+    return rmm_fences::detail::is_capturing(stream);
+  }
+
+  bool sync_device() const noexcept
+  {
+    rmm::cuda_set_device_raii guard{device_};
+    if (cudaDeviceSynchronize() == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+
+  static cuda::stream_ref default_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
+
+  [[noreturn]] static void throw_out_of_memory(std::size_t bytes, std::size_t pool_bytes)
+  {
+    throw rmm::out_of_memory{"StreamOrderedPoolMemoryResource: cannot allocate " +
+                             std::to_string(bytes) + " bytes (pool holds " +
+                             std::to_string(pool_bytes) + " bytes)"};
+  }
+
+ private:
+  static std::uint64_t query_id(cudaStream_t handle) noexcept
+  {
+    unsigned long long id{};
+    if (auto const get = driver_api::get().stream_get_id; get != nullptr) {
+      if (get(reinterpret_cast<CUstream>(handle), &id) == CUDA_SUCCESS) { return id; }
+    }
+    if (cudaStreamGetId(handle, &id) == cudaSuccess) { return id; }
+    (void)cudaGetLastError();
+    // An invalid handle: give it an identity of its own that is never shared.
+    return reinterpret_cast<std::uintptr_t>(handle) | (std::uint64_t{1} << 63);
+  }
+
+  rmm::cuda_device_id device_;
+};
+
+}  // namespace rmm_fences::detail

@@ -1,0 +1,135 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#pragma once
+
+#include <rmm_fences/detail/cuda_pool_platform.hpp>
+#include <rmm_fences/detail/stream_ordered_pool_core.hpp>
+
+#include <rmm/aligned.hpp>
+#include <rmm/cuda_device.hpp>
+#include <rmm/process_is_exiting.hpp>
+#include <rmm/resource_ref.hpp>
+
+#include <cuda/memory_resource>
+#include <cuda/stream>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+
+namespace rmm_fences::mr::detail {
+
+/**
+ * @brief Implementation of `stream_ordered_pool_memory_resource`: the pool's policy core on
+ * CUDA streams and events, bound to the device current at construction.
+ */
+class stream_ordered_pool_memory_resource_impl {
+  using upstream_type = cuda::mr::any_resource<cuda::mr::device_accessible>;
+  using core_type     = rmm_fences::detail::stream_ordered_pool_core<
+    rmm_fences::detail::cuda_pool_platform,
+    upstream_type>;
+
+ public:
+  stream_ordered_pool_memory_resource_impl(upstream_type upstream,
+                                           std::size_t initial_pool_size,
+                                           std::optional<std::size_t> maximum_pool_size)
+    : core_{std::move(upstream),
+            initial_pool_size,
+            maximum_pool_size,
+            rmm::get_current_cuda_device()}
+  {
+  }
+
+  /// Returns every chunk upstream once the device is idle; at process exit, no CUDA call.
+  ~stream_ordered_pool_memory_resource_impl()
+  {
+    if (rmm::process_is_exiting()) {
+      core_.shutdown(/*device_alive=*/false);
+      return;
+    }
+    rmm::cuda_set_device_raii guard{core_.platform().device()};
+    (void)core_.platform().sync_device();
+    core_.shutdown(/*device_alive=*/true);
+  }
+
+  stream_ordered_pool_memory_resource_impl(stream_ordered_pool_memory_resource_impl const&) =
+    delete;
+  stream_ordered_pool_memory_resource_impl(stream_ordered_pool_memory_resource_impl&&) = delete;
+  stream_ordered_pool_memory_resource_impl& operator=(
+    stream_ordered_pool_memory_resource_impl const&)                                    = delete;
+  stream_ordered_pool_memory_resource_impl& operator=(
+    stream_ordered_pool_memory_resource_impl&&) = delete;
+
+  bool operator==(stream_ordered_pool_memory_resource_impl const& other) const noexcept
+  {
+    return this == std::addressof(other);
+  }
+  bool operator!=(stream_ordered_pool_memory_resource_impl const& other) const noexcept
+  {
+    return !(*this == other);
+  }
+
+  [[nodiscard]] void* allocate(cuda::stream_ref stream,
+                               std::size_t bytes,
+                               std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
+  {
+    return core_.allocate(stream, bytes, alignment);
+  }
+
+  void deallocate(cuda::stream_ref stream,
+                  void* ptr,
+                  std::size_t bytes,
+                  std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
+  {
+    core_.deallocate(stream, ptr, bytes, alignment);
+  }
+
+  [[nodiscard]] void* allocate_sync(std::size_t bytes,
+                                    std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
+  {
+    auto const stream = core_.platform().default_stream();
+    auto* ptr         = allocate(stream, bytes, alignment);
+    stream.sync();
+    return ptr;
+  }
+
+  void deallocate_sync(void* ptr,
+                       std::size_t bytes,
+                       std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
+  {
+    deallocate(core_.platform().default_stream(), ptr, bytes, alignment);
+  }
+
+  /// Fences `stream` and shares its cached blocks; call before destroying the stream.
+  void retire_stream(cuda::stream_ref stream) { core_.retire_stream(stream); }
+
+  /// Synchronizes the device and returns whole free chunks upstream; returns their bytes.
+  std::size_t release()
+  {
+    rmm::cuda_set_device_raii guard{core_.platform().device()};
+    return core_.release();
+  }
+
+  [[nodiscard]] std::size_t pool_size() const noexcept { return core_.pool_size(); }
+  [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
+  {
+    return core_.maximum_pool_size();
+  }
+  [[nodiscard]] stream_ordered_pool_stats stats() const noexcept { return core_.stats(); }
+
+  [[nodiscard]] rmm::device_async_resource_ref get_upstream_resource() const noexcept
+  {
+    return rmm::device_async_resource_ref{const_cast<upstream_type&>(core_.upstream())};
+  }
+
+  friend void get_property(stream_ordered_pool_memory_resource_impl const&,
+                           cuda::mr::device_accessible) noexcept
+  {
+  }
+
+ private:
+  core_type core_;
+};
+
+}  // namespace rmm_fences::mr::detail

@@ -1,0 +1,55 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#pragma once
+
+#include <rmm_fences/detail/stream_ordered_pool_memory_resource_impl.hpp>
+
+#include <cuda/memory_resource>
+
+#include <cstddef>
+#include <optional>
+
+namespace rmm_fences::mr {
+
+/**
+ * @brief A pool that is safe without any host synchronization: reuse follows stream order.
+ *
+ * A block freed on stream S is reused on S at once with no CUDA call. Another stream takes it
+ * only after enqueuing a wait on a fence recorded on S after the free; fences are batched, one
+ * event record per batch of frees. See `detail::stream_ordered_pool_core` for the design.
+ *
+ * Copyable: copies share one state (`cuda::mr::shared_resource`).
+ */
+class stream_ordered_pool_memory_resource
+  : public cuda::mr::shared_resource<detail::stream_ordered_pool_memory_resource_impl> {
+  using shared_base = cuda::mr::shared_resource<detail::stream_ordered_pool_memory_resource_impl>;
+
+ public:
+  friend void get_property(stream_ordered_pool_memory_resource const&,
+                           cuda::mr::device_accessible) noexcept
+  {
+  }
+
+  /**
+   * @param upstream where chunks come from
+   * @param initial_pool_size bytes taken from the upstream at construction (0: on demand)
+   * @param maximum_pool_size the most bytes the pool may hold (empty: no bound)
+   */
+  explicit stream_ordered_pool_memory_resource(
+    cuda::mr::any_resource<cuda::mr::device_accessible> upstream,
+    std::size_t initial_pool_size                = 0,
+    std::optional<std::size_t> maximum_pool_size = std::nullopt)
+    : shared_base(cuda::std::in_place_type<detail::stream_ordered_pool_memory_resource_impl>,
+                  std::move(upstream),
+                  initial_pool_size,
+                  maximum_pool_size)
+  {
+  }
+};
+
+static_assert(
+  cuda::mr::resource_with<stream_ordered_pool_memory_resource, cuda::mr::device_accessible>,
+  "stream_ordered_pool_memory_resource does not satisfy the cuda::mr::resource concept");
+
+}  // namespace rmm_fences::mr

@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``python -m rmm_fences pool-bench``: StreamOrderedPoolMemoryResource against its peers.
+
+P1 Python round trip, P2 native alloc+free, P3 random allocations, P4 threads on their own
+streams. Every peer runs in the same process; the table reports ratios.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import rmm
+
+from rmm_fences import StreamOrderedPoolMemoryResource
+from rmm_fences.bench import alloc_free_ns, random_allocations, threaded_alloc_free
+
+MiB = 1 << 20
+
+
+def _resources():
+    return {
+        "rmm_fences_pool": StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), "2GiB"),
+        "rmm_pool": rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(),
+                                              initial_pool_size=2 << 30),
+        "cuda_async": rmm.mr.CudaAsyncMemoryResource(),
+    }
+
+
+def python_round_trip_us(mr, stream, nbytes=MiB, iterations=20000, rounds=5) -> float:
+    """Median over rounds of the mean microseconds of ``deallocate(allocate())`` from Python."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(iterations):
+            mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
+        times.append((time.perf_counter() - start) / iterations * 1e6)
+    return statistics.median(times)
+
+
+def measure() -> dict:
+    import cupy
+
+    resources = _resources()
+    stream = rmm.pylibrmm.stream.Stream(cupy.cuda.Stream(non_blocking=True))
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(8)]
+    out = {name: {} for name in resources}
+    for name, mr in resources.items():
+        python_round_trip_us(mr, stream, iterations=2000, rounds=1)  # warm up
+        out[name]["p1_us"] = python_round_trip_us(mr, stream)
+        out[name]["p2_ns_default"] = statistics.median(
+            alloc_free_ns(mr, MiB, 200000) for _ in range(5))
+        out[name]["p2_ns_stream"] = statistics.median(
+            alloc_free_ns(mr, MiB, 200000, stream) for _ in range(5))
+        out[name]["p3_ops"] = random_allocations(mr, 200000, seed=42, stream=stream)
+        one = threaded_alloc_free(mr, MiB, 100000, streams[:1])
+        eight = threaded_alloc_free(mr, MiB, 100000, streams)
+        out[name]["p4_1"] = one
+        out[name]["p4_8"] = eight
+    cupy.cuda.Device().synchronize()
+    return out
+
+
+def run() -> int:
+    m = measure()
+    ours, pool, asy = m["rmm_fences_pool"], m["rmm_pool"], m["cuda_async"]
+    rows = [
+        ("P1 Python alloc+free 1 MiB (us)", "p1_us", "<= 0.8x cuda_async, <= 0.35x rmm_pool"),
+        ("P2 native pair, default stream (ns)", "p2_ns_default", "<= 100 ns, >= 5x rmm_pool"),
+        ("P2 native pair, created stream (ns)", "p2_ns_stream", "<= 100 ns, >= 5x rmm_pool"),
+        ("P3 random allocations (ops/s)", "p3_ops", ">= 2x rmm_pool"),
+        ("P4 1 thread (pairs/s)", "p4_1", ""),
+        ("P4 8 threads, 8 streams (pairs/s)", "p4_8", ">= 4x one thread"),
+    ]
+    header = (f"{'benchmark':<38} {'rmm_fences':>12} {'rmm_pool':>12} {'cuda_async':>12}"
+              f" {'vs pool':>8} {'vs async':>8}")
+    print(header)
+    print("-" * len(header))
+    for label, key, _target in rows:
+        lower_is_better = key.startswith(("p1", "p2"))
+        vs_pool = ours[key] / pool[key]
+        vs_async = ours[key] / asy[key]
+        print(f"{label:<38} {ours[key]:>12.4g} {pool[key]:>12.4g} {asy[key]:>12.4g}"
+              f" {vs_pool:>7.3f}x {vs_async:>7.3f}x" + ("" if lower_is_better else ""))
+    print()
+    print("targets: P1 ours/async <= 0.8 and ours/pool <= 0.35; P2 <= 100 ns and pool/ours >= 5;")
+    print("         P3 ours/pool >= 2; P4 8 threads / 1 thread >= 4 (each resource below)")
+    for name, r in m.items():
+        print(f"  P4 scaling {name:<16} {r['p4_8'] / r['p4_1']:.2f}x")
+    print(f"  P2 rmm_pool / rmm_fences: default {pool['p2_ns_default'] / ours['p2_ns_default']:.1f}x,"
+          f" created stream {pool['p2_ns_stream'] / ours['p2_ns_stream']:.1f}x")
+    return 0
