@@ -57,6 +57,8 @@ struct fence_costs {
   double cu_event_record{};         ///< cuEventRecord
   double cu_event_query{};          ///< cuEventQuery
   double cu_stream_is_capturing{};  ///< cuStreamIsCapturing
+  double cu_stream_get_id{};        ///< cuStreamGetId
+  double relaxed_capture_scope{};   ///< two cuThreadExchangeStreamCaptureMode (enter, leave)
 };
 
 /// Measures `fence_costs` on `stream` (which should be idle).
@@ -94,6 +96,11 @@ inline fence_costs fence_call_ns(cuda::stream_ref stream, std::uint64_t iteratio
     costs.cu_stream_is_capturing =
       time([&] { (void)api.stream_is_capturing(cu_stream, &cu_status); });
   }
+  if (api.stream_get_id != nullptr) {
+    unsigned long long id{};
+    costs.cu_stream_get_id = time([&] { (void)api.stream_get_id(cu_stream, &id); });
+  }
+  costs.relaxed_capture_scope = time([] { rmm_fences::detail::relaxed_capture_scope scope; });
   (void)cudaEventDestroy(event);
   return costs;
 }

@@ -103,6 +103,9 @@ class cuda_pool_platform {
 
   static cuda::stream_ref default_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
 
+  /// Scope for calls that are not capture-safe (upstream growth, device sync).
+  static relaxed_capture_scope relax() noexcept { return {}; }
+
   [[noreturn]] static void throw_out_of_memory(std::size_t bytes, std::size_t pool_bytes)
   {
     throw rmm::out_of_memory{"StreamOrderedPoolMemoryResource: cannot allocate " +
@@ -113,6 +116,7 @@ class cuda_pool_platform {
  private:
   static std::uint64_t query_id(cudaStream_t handle) noexcept
   {
+    relaxed_capture_scope relaxed;  // cuStreamGetId would invalidate a global-mode capture
     unsigned long long id{};
     if (auto const get = driver_api::get().stream_get_id; get != nullptr) {
       if (get(reinterpret_cast<CUstream>(handle), &id) == CUDA_SUCCESS) { return id; }

@@ -20,12 +20,14 @@ struct driver_api {
   using is_capturing_fn  = CUresult (*)(CUstream, CUstreamCaptureStatus*);
   using stream_get_id_fn = CUresult (*)(CUstream, unsigned long long*);
   using stream_wait_fn   = CUresult (*)(CUstream, CUevent, unsigned int);
+  using exchange_mode_fn = CUresult (*)(CUstreamCaptureMode*);
 
   event_record_fn event_record{};
   event_query_fn event_query{};
   is_capturing_fn stream_is_capturing{};
   stream_get_id_fn stream_get_id{};
   stream_wait_fn stream_wait_event{};
+  exchange_mode_fn exchange_capture_mode{};
 
   /// The process-wide table (entries stay null where the driver does not provide them).
   static driver_api const& get() noexcept
@@ -57,8 +59,38 @@ struct driver_api {
     api.stream_is_capturing = entry<is_capturing_fn>("cuStreamIsCapturing");
     api.stream_get_id       = entry<stream_get_id_fn>("cuStreamGetId");
     api.stream_wait_event   = entry<stream_wait_fn>("cuStreamWaitEvent");
+    api.exchange_capture_mode =
+      entry<exchange_mode_fn>("cuThreadExchangeStreamCaptureMode");
     return api;
   }
+};
+
+/**
+ * @brief Puts the calling thread in relaxed stream-capture mode for its lifetime.
+ *
+ * In the default (global) mode, "potentially unsafe" calls such as `cuStreamGetId` or
+ * `cudaMalloc` made while any capture is under way fail and invalidate that capture; relaxed
+ * mode allows them. The previous mode is restored on exit. Cheap: a thread-local exchange.
+ */
+class relaxed_capture_scope {
+ public:
+  relaxed_capture_scope() noexcept
+  {
+    if (auto const exchange = driver_api::get().exchange_capture_mode; exchange != nullptr) {
+      mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+      active_ = exchange(&mode_) == CUDA_SUCCESS;
+    }
+  }
+  ~relaxed_capture_scope()
+  {
+    if (active_) { (void)driver_api::get().exchange_capture_mode(&mode_); }
+  }
+  relaxed_capture_scope(relaxed_capture_scope const&)            = delete;
+  relaxed_capture_scope& operator=(relaxed_capture_scope const&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_{};
+  bool active_{};
 };
 
 }  // namespace rmm_fences::detail

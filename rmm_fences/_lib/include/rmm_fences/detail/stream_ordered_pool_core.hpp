@@ -7,6 +7,7 @@
 #pragma once
 
 #include <rmm_fences/detail/free_list.hpp>
+#include <rmm_fences/detail/spin_mutex.hpp>
 
 #include <algorithm>
 #include <array>
@@ -56,6 +57,7 @@ namespace rmm_fences::detail {
  *   bool is_capturing(stream_type) noexcept;
  *   bool sync_device() noexcept;
  *   stream_type default_stream() noexcept;
+ *   auto relax() noexcept;     // scope for calls not allowed in capture (growth, device sync)
  *
  * `Upstream`: `void* allocate(stream, bytes, alignment)`, `deallocate(...) noexcept`.
  *
@@ -92,6 +94,9 @@ class stream_ordered_pool_core {
   static constexpr std::size_t fence_batch = 32;
   /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced.
   static constexpr std::size_t fence_fraction = 16;
+  /// Bytes a stream's allocation balance may drift before it is added to the pool's totals
+  /// (so streams on different threads do not contend on one counter).
+  static constexpr std::int64_t accounting_batch = std::int64_t{4} << 20;
   /// Frees per stream kept for exact-size reuse before they join the stream's free list.
   static constexpr std::size_t recent_capacity = 8;
   /// Size of the first chunk when no initial size is given.
@@ -147,28 +152,26 @@ class stream_ordered_pool_core {
     pool_bytes_.store(0, std::memory_order_relaxed);
   }
 
+  /**
+   * @brief The same-stream path alone: a block freed earlier on `stream`, or nullptr.
+   *
+   * Makes no CUDA call but the stream identity query, never blocks, never grows the pool.
+   */
+  [[nodiscard]] void* try_allocate_cached(stream_type stream,
+                                          std::size_t bytes,
+                                          std::size_t alignment)
+  {
+    return from_cache(lookup(stream), round_to_granule(bytes),
+                      std::max(alignment, pool_granularity));
+  }
+
   /// Allocates `bytes` at `alignment` (at least the pool granularity) for use on `stream`.
   [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment)
   {
     auto const size  = round_to_granule(bytes);
     auto const align = std::max(alignment, pool_granularity);
     auto& slot       = lookup(stream);
-    {
-      std::lock_guard<std::mutex> lock(slot.mutex);
-      char* ptr = take_recent(slot, size, align);
-      if (ptr == nullptr) {
-        auto b = slot.cache.take_best_fit(size, align);
-        if (b.ptr == nullptr && slot.recent_count > 0) {
-          flush_recent(slot);
-          b = slot.cache.take_best_fit(size, align);
-        }
-        ptr = b.ptr;
-      }
-      if (ptr != nullptr) {
-        same_stream_reuse_.fetch_add(1, std::memory_order_relaxed);
-        return account(ptr, size);
-      }
-    }
+    if (void* ptr = from_cache(slot, size, align); ptr != nullptr) { return ptr; }
     if (void* ptr = take_shared(slot, stream, size, align); ptr != nullptr) { return ptr; }
     request_fences(slot);
     if (void* ptr = grow(slot, stream, size, align); ptr != nullptr) { return ptr; }
@@ -183,8 +186,9 @@ class stream_ordered_pool_core {
   {
     auto const size = round_to_granule(bytes);
     auto& slot      = lookup(stream);
-    current_bytes_.fetch_sub(size, std::memory_order_relaxed);
-    std::unique_lock<std::mutex> lock(slot.mutex);
+    std::unique_lock<spin_mutex> lock(slot.mutex);
+    slot.balance -= static_cast<std::int64_t>(size);
+    if (slot.balance <= -accounting_batch) { settle(slot); }
     if (slot.recent_count < recent_capacity) {
       slot.recent[slot.recent_count++] = {static_cast<char*>(ptr), size};
       slot.recent_bytes += size;
@@ -219,7 +223,7 @@ class stream_ordered_pool_core {
       generation_.store(next_generation(), std::memory_order_release);
       retired_.push_back(slot);
     }
-    std::unique_lock<std::mutex> lock(slot->mutex);
+    std::unique_lock<spin_mutex> lock(slot->mutex);
     fence_and_share(*slot, stream, lock);
     retired_count_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -270,14 +274,26 @@ class stream_ordered_pool_core {
     return maximum_pool_size_;
   }
 
-  /// A snapshot of the counters.
-  [[nodiscard]] rmm_fences::mr::stream_ordered_pool_stats stats() const noexcept
+  /**
+   * @brief A snapshot of the counters.
+   *
+   * `current_bytes` is exact; `peak_bytes` is sampled whenever a stream's balance is settled
+   * (every `accounting_batch` bytes, on every slower path and here), so it may miss a short
+   * peak by up to `accounting_batch` per stream.
+   */
+  [[nodiscard]] rmm_fences::mr::stream_ordered_pool_stats stats()
   {
+    std::uint64_t same_stream = 0;
+    for_each_slot([&](slot_type& slot) {
+      std::lock_guard<spin_mutex> lock(slot.mutex);
+      settle(slot);
+      same_stream += slot.same_stream_hits;
+    });
     rmm_fences::mr::stream_ordered_pool_stats s;
-    s.current_bytes      = current_bytes_.load(std::memory_order_relaxed);
+    s.current_bytes      = static_cast<std::uint64_t>(current_bytes_.load(std::memory_order_relaxed));
     s.peak_bytes         = peak_bytes_.load(std::memory_order_relaxed);
     s.pool_bytes         = pool_bytes_.load(std::memory_order_relaxed);
-    s.same_stream_reuse  = same_stream_reuse_.load(std::memory_order_relaxed);
+    s.same_stream_reuse  = same_stream;
     s.cross_stream_reuse = cross_stream_reuse_.load(std::memory_order_relaxed);
     s.upstream_growths   = growths_.load(std::memory_order_relaxed);
     s.fences             = fences_.load(std::memory_order_relaxed);
@@ -292,7 +308,7 @@ class stream_ordered_pool_core {
   void for_each_free_block(F&& f)
   {
     for_each_slot([&](slot_type& slot) {
-      std::lock_guard<std::mutex> slot_lock(slot.mutex);
+      std::lock_guard<spin_mutex> slot_lock(slot.mutex);
       for (std::size_t i = 0; i < slot.recent_count; ++i) {
         f(slot.recent[i].first, slot.recent[i].second, slot.id);
       }
@@ -339,8 +355,9 @@ class stream_ordered_pool_core {
     }
   };
 
-  /// One stream identity: its cache of freed blocks and its fence.
-  struct slot_type {
+  /// One stream identity: its cache of freed blocks and its fence (own cache lines: threads
+  /// on different streams touch different slots).
+  struct alignas(64) slot_type {
     slot_type(std::uint64_t stream_id, std::uint64_t serial_no, Platform* p)
       : id{stream_id}, serial{serial_no}, platform{p}
     {
@@ -356,8 +373,10 @@ class stream_ordered_pool_core {
     std::uint64_t const serial;
     Platform* const platform;
 
-    std::mutex mutex;                     // guards the fields below
+    spin_mutex mutex;                     // guards the fields below
     free_list<no_tag> cache;              // freed on this stream since its last fence
+    std::int64_t balance{};               // bytes allocated minus freed, not yet settled
+    std::uint64_t same_stream_hits{};
     // The last few frees, kept as they are (no coalescing yet) for exact-size reuse without
     // touching the free list; part of the cache in every other respect (`flush_recent`).
     std::array<std::pair<char*, std::size_t>, recent_capacity> recent{};
@@ -400,12 +419,17 @@ class stream_ordered_pool_core {
       std::uint64_t id;
       slot_type* slot;
     };
-    thread_local std::array<tls_entry, 8> recent{};
-    thread_local unsigned next_victim{};
+    struct tls_cache {
+      std::array<tls_entry, 8> entries;
+      unsigned next_victim;
+    };
+    // One thread_local object: one TLS lookup per call. (The initial-exec model would save it,
+    // but a module loaded after rmm and CuPy finds no static TLS left: the import fails.)
+    static thread_local tls_cache cache{};
 
     auto const id  = platform_.stream_id(stream);
     auto const gen = generation_.load(std::memory_order_acquire);
-    for (auto const& e : recent) {
+    for (auto const& e : cache.entries) {
       if (e.generation == gen && e.id == id) { return *e.slot; }
     }
     slot_type* slot = nullptr;
@@ -419,16 +443,52 @@ class stream_ordered_pool_core {
       if (!entry) { entry = std::make_shared<slot_type>(id, next_serial_++, &platform_); }
       slot = entry.get();
     }
-    recent[next_victim++ % recent.size()] = {gen, id, slot};
+    cache.entries[cache.next_victim++ % cache.entries.size()] = {gen, id, slot};
     return *slot;
   }
 
+  /// Counts an allocation made on a slower path straight into the pool's totals.
   void* account(void* ptr, std::size_t size) noexcept
   {
-    auto const now = current_bytes_.fetch_add(size, std::memory_order_relaxed) + size;
+    add_current(static_cast<std::int64_t>(size));
+    return ptr;
+  }
+
+  void add_current(std::int64_t delta) noexcept
+  {
+    auto const now = current_bytes_.fetch_add(delta, std::memory_order_relaxed) + delta;
     auto peak      = peak_bytes_.load(std::memory_order_relaxed);
-    while (now > peak &&
-           !peak_bytes_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {}
+    while (now > 0 && static_cast<std::size_t>(now) > peak &&
+           !peak_bytes_.compare_exchange_weak(peak, static_cast<std::size_t>(now),
+                                              std::memory_order_relaxed)) {}
+  }
+
+  /// Adds a slot's balance to the pool's totals (caller holds slot.mutex).
+  void settle(slot_type& slot) noexcept
+  {
+    if (slot.balance != 0) {
+      add_current(slot.balance);
+      slot.balance = 0;
+    }
+  }
+
+  /// The same-stream path: the stream's last frees, then its free list.
+  void* from_cache(slot_type& slot, std::size_t size, std::size_t align)
+  {
+    std::lock_guard<spin_mutex> lock(slot.mutex);
+    char* ptr = take_recent(slot, size, align);
+    if (ptr == nullptr) {
+      auto b = slot.cache.take_best_fit(size, align);
+      if (b.ptr == nullptr && slot.recent_count > 0) {
+        flush_recent(slot);
+        b = slot.cache.take_best_fit(size, align);
+      }
+      ptr = b.ptr;
+    }
+    if (ptr == nullptr) { return nullptr; }
+    ++slot.same_stream_hits;
+    slot.balance += static_cast<std::int64_t>(size);
+    if (slot.balance >= accounting_batch) { settle(slot); }
     return ptr;
   }
 
@@ -481,7 +541,7 @@ class stream_ordered_pool_core {
 
   /// Records `slot`'s fence on `stream` and moves its cache to the shared list (called with
   /// `slot.mutex` held through `lock`, which it releases). Skipped during capture.
-  void fence_and_share(slot_type& slot, stream_type stream, std::unique_lock<std::mutex>& lock)
+  void fence_and_share(slot_type& slot, stream_type stream, std::unique_lock<spin_mutex>& lock)
   {
     flush_recent(slot);
     if (slot.cache.empty() || platform_.is_capturing(stream)) { return; }
@@ -549,7 +609,7 @@ class stream_ordered_pool_core {
     slot_type& slot, fence_tag const& tag)
   {
     std::vector<std::pair<std::shared_ptr<slot_type>, std::uint64_t>> out;
-    std::lock_guard<std::mutex> lock(slot.mutex);
+    std::lock_guard<spin_mutex> lock(slot.mutex);
     for (auto const& [owner, number] : tag.needs) {
       if (!owner || owner.get() == &slot) { continue; }
       auto it = slot.waited.find(owner->serial);
@@ -574,7 +634,7 @@ class stream_ordered_pool_core {
         recorded = owner->fence_number;
       }
       stream_waits_.fetch_add(1, std::memory_order_relaxed);
-      std::lock_guard<std::mutex> lock(slot.mutex);
+      std::lock_guard<spin_mutex> lock(slot.mutex);
       auto& seen = slot.waited[owner->serial];
       seen       = std::max(seen, recorded);
     }
@@ -605,6 +665,7 @@ class stream_ordered_pool_core {
     if (need > room) { return nullptr; }
     auto chunk = std::min(room, std::max(need, held == 0 ? default_first_chunk : held));
     chunk      = round_to_granule(chunk);
+    auto relaxed = platform_.relax();  // cudaMalloc would invalidate a global-mode capture
     while (true) {
       try {
         void* ptr = upstream_.allocate(platform_.default_stream(), chunk, pool_granularity);
@@ -653,11 +714,11 @@ class stream_ordered_pool_core {
   /// Synchronizes the device, then moves every cache to the shared list with no fence needs.
   bool reclaim()
   {
-    if (!platform_.sync_device()) { return false; }
+    if (!platform_.sync_device()) { return false; }  // fails (and changes nothing) in capture
     reclaim_syncs_.fetch_add(1, std::memory_order_relaxed);
     std::vector<typename free_list<no_tag>::block> blocks;
     for_each_slot([&](slot_type& slot) {
-      std::lock_guard<std::mutex> slot_lock(slot.mutex);
+      std::lock_guard<spin_mutex> slot_lock(slot.mutex);
       flush_recent(slot);
       for (auto& b : slot.cache.take_all()) {
         blocks.push_back(std::move(b));
@@ -703,10 +764,9 @@ class stream_ordered_pool_core {
   mutable std::shared_mutex chunks_mutex_;
   std::map<char*, std::size_t> chunks_;
 
-  std::atomic<std::size_t> current_bytes_{};
+  std::atomic<std::int64_t> current_bytes_{};  // settled balances (exact after `stats`)
   std::atomic<std::size_t> peak_bytes_{};
   std::atomic<std::size_t> pool_bytes_{};
-  std::atomic<std::uint64_t> same_stream_reuse_{};
   std::atomic<std::uint64_t> cross_stream_reuse_{};
   std::atomic<std::uint64_t> growths_{};
   std::atomic<std::uint64_t> fences_{};

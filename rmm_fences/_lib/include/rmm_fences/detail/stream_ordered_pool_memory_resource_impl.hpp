@@ -116,7 +116,16 @@ class stream_ordered_pool_memory_resource_impl {
   {
     return core_.maximum_pool_size();
   }
-  [[nodiscard]] stream_ordered_pool_stats stats() const noexcept { return core_.stats(); }
+  [[nodiscard]] stream_ordered_pool_stats stats() { return core_.stats(); }
+
+  /// The same-stream path alone (never blocks, no CUDA call but the stream identity): a block
+  /// freed earlier on `stream`, or nullptr. `allocate` tries it first.
+  [[nodiscard]] void* try_allocate_cached(cuda::stream_ref stream,
+                                          std::size_t bytes,
+                                          std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
+  {
+    return core_.try_allocate_cached(stream, bytes, alignment);
+  }
 
   [[nodiscard]] rmm::device_async_resource_ref get_upstream_resource() const noexcept
   {

@@ -88,6 +88,9 @@ class host_pool_platform {
 
   static stream_type default_stream() noexcept { return 0; }
 
+  struct no_scope {};
+  static no_scope relax() noexcept { return {}; }
+
   [[noreturn]] static void throw_out_of_memory(std::size_t, std::size_t)
   {
     throw pool_host_out_of_memory{};
