@@ -42,11 +42,16 @@ class cuda_pool_platform {
    * handle reused after `cudaStreamDestroy` is a new identity. The legacy default stream
    * (handle 0 or `cudaStreamLegacy`) has a fixed identity without a call; the per-thread
    * default stream's identity is looked up once per thread and device.
+   *
+   * `cuStreamGetId` on a capturing stream invalidates the capture in every capture mode (seen
+   * on the H200, driver 580), so a capturing stream is identified by its capture sequence
+   * instead: a separate identity for the duration of that capture.
    */
   std::uint64_t stream_id(cuda::stream_ref stream) const noexcept
   {
     auto const handle = stream.get();
     if (handle == nullptr || handle == cudaStreamLegacy) { return legacy_stream_id; }
+    if (rmm_fences::detail::is_capturing(stream)) { return capture_identity(handle); }
     if (handle == cudaStreamPerThread) {
       thread_local int cached_device = -1;
       thread_local std::uint64_t cached_id{};
@@ -114,6 +119,18 @@ class cuda_pool_platform {
   }
 
  private:
+  /// Identities of capture sequences: bit 62 set (stream ids never reach it).
+  static std::uint64_t capture_identity(cudaStream_t handle) noexcept
+  {
+    cudaStreamCaptureStatus status{};
+    unsigned long long id{};
+    if (cudaStreamGetCaptureInfo(handle, &status, &id) == cudaSuccess) {
+      return (std::uint64_t{1} << 62) | id;
+    }
+    (void)cudaGetLastError();
+    return (std::uint64_t{3} << 61) | reinterpret_cast<std::uintptr_t>(handle);
+  }
+
   static std::uint64_t query_id(cudaStream_t handle) noexcept
   {
     relaxed_capture_scope relaxed;  // cuStreamGetId would invalidate a global-mode capture
