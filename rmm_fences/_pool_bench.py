@@ -13,7 +13,12 @@ import time
 import rmm
 
 from rmm_fences import StreamOrderedPoolMemoryResource
-from rmm_fences.bench import alloc_free_ns, random_allocations, threaded_alloc_free
+from rmm_fences.bench import (
+    alloc_free_ns,
+    random_allocations,
+    threaded_alloc_free,
+    threaded_stream_queries,
+)
 
 MiB = 1 << 20
 
@@ -61,6 +66,10 @@ def measure() -> dict:
             alloc_free_ns(mr, MiB, 200000, ptds[0]) for _ in range(5))
         out[name]["p4_1_ptds"] = threaded_alloc_free(mr, MiB, 100000, ptds)
         out[name]["p4_8_ptds"] = threaded_alloc_free(mr, MiB, 100000, ptds * 8)
+    out["driver"] = {
+        f"{q}_{n}": threaded_stream_queries(q, 200000, streams[:n])
+        for q in ("is_capturing", "get_id") for n in (1, 8)
+    }
     cupy.cuda.Device().synchronize()
     return out
 
@@ -91,9 +100,14 @@ def run() -> int:
     print()
     print("targets: P1 ours/async <= 0.8 and ours/pool <= 0.35; P2 <= 100 ns and pool/ours >= 5;")
     print("         P3 ours/pool >= 2; P4 8 threads / 1 thread >= 4 (each resource below)")
-    for name, r in m.items():
+    for name, r in ((k, v) for k, v in m.items() if k != "driver"):
         print(f"  P4 scaling {name:<16} created streams {r['p4_8'] / r['p4_1']:.2f}x, "
               f"per-thread default streams {r['p4_8_ptds'] / r['p4_1_ptds']:.2f}x")
+    d = m["driver"]
+    print("driver queries a stream-keyed pool makes per call, aggregate calls/s (1 -> 8 threads):")
+    for q in ("is_capturing", "get_id"):
+        print(f"  cuStream{'IsCapturing' if q == 'is_capturing' else 'GetId':<12} "
+              f"{d[q + '_1']:.3g} -> {d[q + '_8']:.3g} ({d[q + '_8'] / d[q + '_1']:.2f}x)")
     print(f"  P2 rmm_pool / rmm_fences: default {pool['p2_ns_default'] / ours['p2_ns_default']:.1f}x,"
           f" created stream {pool['p2_ns_stream'] / ours['p2_ns_stream']:.1f}x")
     return 0

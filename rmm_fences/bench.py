@@ -8,6 +8,13 @@ from rmm_fences._lib.memory_resource import (
     fence_call_ns,
     random_allocations,
     threaded_alloc_free,
+    threaded_stream_queries,
 )
 
-__all__ = ["alloc_free_ns", "fence_call_ns", "random_allocations", "threaded_alloc_free"]
+__all__ = [
+    "alloc_free_ns",
+    "fence_call_ns",
+    "random_allocations",
+    "threaded_alloc_free",
+    "threaded_stream_queries",
+]

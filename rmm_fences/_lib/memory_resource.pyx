@@ -94,6 +94,9 @@ cdef extern from "rmm_fences/bench.hpp" namespace "rmm_fences::bench" nogil:
         device_async_resource_ref mr, uint64_t operations, size_t max_live, size_t min_size,
         size_t max_size, size_t max_live_bytes, uint64_t seed, stream_ref stream) except +
 
+    double c_threaded_stream_queries "rmm_fences::bench::threaded_stream_queries"(
+        int which, uint64_t iterations, const vector[cudaStream_t]& streams) except +
+
     double c_threaded_alloc_free_pairs "rmm_fences::bench::threaded_alloc_free_pairs"(
         device_async_resource_ref mr, size_t nbytes, uint64_t iterations,
         const vector[cudaStream_t]& streams) except +
@@ -564,3 +567,23 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
             f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
             f"pool_size={self.pool_size()}, maximum_pool_size={self.maximum_pool_size!r})"
         )
+
+
+def threaded_stream_queries(query, size_t iterations, streams) -> float:
+    """Aggregate calls per second of ``query`` ("is_capturing" or "get_id", the driver's
+    cuStreamIsCapturing / cuStreamGetId) from one C++ thread per stream in ``streams``."""
+    queries = {"is_capturing": 0, "get_id": 1}
+    if query not in queries:
+        raise ValueError(f"query must be 'is_capturing' or 'get_id', got {query!r}")
+    cdef int which = queries[query]
+    cdef vector[cudaStream_t] handles
+    cdef Stream rs
+    for x in streams:
+        rs = _as_stream(x)
+        handles.push_back(rs.view().get())
+    if handles.size() == 0:
+        raise ValueError("streams must hold at least one stream")
+    cdef double calls
+    with nogil:
+        calls = c_threaded_stream_queries(which, iterations, handles)
+    return calls

@@ -191,4 +191,48 @@ inline double threaded_alloc_free_pairs(rmm::device_async_resource_ref mr,
   return static_cast<double>(iterations * streams.size()) / s;
 }
 
+/**
+ * @brief Aggregate calls per second of one driver query made by one thread per stream, all
+ * started together: `which` is 0 for cuStreamIsCapturing, 1 for cuStreamGetId. Shows whether
+ * the driver serializes the queries a stream-keyed allocator needs on every call.
+ */
+inline double threaded_stream_queries(int which,
+                                      std::uint64_t iterations,
+                                      std::vector<cudaStream_t> const& streams)
+{
+  auto const& api = rmm_fences::detail::driver_api::get();
+  if (api.stream_is_capturing == nullptr || api.stream_get_id == nullptr) { return 0.0; }
+  std::atomic<std::size_t> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  int device = 0;
+  RMM_CUDA_TRY(cudaGetDevice(&device));
+  for (auto handle : streams) {
+    threads.emplace_back([&, handle] {
+      (void)cudaSetDevice(device);
+      auto const s = reinterpret_cast<CUstream>(handle);
+      CUstreamCaptureStatus status{};
+      unsigned long long id{};
+      ready.fetch_add(1);
+      while (!go.load()) {}
+      for (std::uint64_t i = 0; i < iterations; ++i) {
+        if (which == 0) {
+          (void)api.stream_is_capturing(s, &status);
+        } else {
+          (void)api.stream_get_id(s, &id);
+        }
+      }
+    });
+  }
+  while (ready.load() < streams.size()) {}
+  auto const start = std::chrono::steady_clock::now();
+  go.store(true);
+  for (auto& t : threads) {
+    t.join();
+  }
+  auto const secs =
+    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return static_cast<double>(iterations * streams.size()) / secs;
+}
+
 }  // namespace rmm_fences::bench
