@@ -166,10 +166,17 @@ def test_other_stream_takes_a_block_only_after_waiting_on_its_fence():
 
 def test_fences_are_batched():
     p = HostStreamOrderedPool(1 << 24)
-    ptrs = [p.allocate(256, stream=1) for _ in range(100)]
-    for ptr in ptrs:
+    ptrs = [p.allocate(256, stream=1) for _ in range(200)]
+    for ptr in ptrs[::2]:  # 100 separate blocks (no neighbour free: no coalescing)
         p.deallocate(ptr, 256, stream=1)
-    assert 1 <= p.records <= 100 // 32  # one record per batch of frees, never one per free
+    assert 1 <= p.records <= 100 // 32  # one record per batch of cached blocks
+
+
+def test_a_stream_reusing_its_own_blocks_never_fences():
+    p = HostStreamOrderedPool(1 << 24)
+    for _ in range(1000):
+        p.deallocate(p.allocate(4096, stream=1), 4096, stream=1)
+    assert p.records == 0 and p.stats["same_stream_reuse"] == 999
 
 
 def test_retired_stream_hands_its_blocks_over_without_a_sync():

@@ -66,7 +66,8 @@ namespace rmm_fences::detail {
  *  - Every stream identity S has a slot. A block freed on S goes to S's *cache*, a free list
  *    that only S allocates from: stream order makes that reuse safe at once, with no CUDA call.
  *  - Fences are batched: S records one event (its slot's fence, re-recorded each time) when
- *    its cache holds `fence_batch` blocks or `pool_size / fence_fraction` bytes, when another
+ *    its cache holds `fence_batch` blocks or `pool_size / fence_fraction` bytes (so a stream
+ *    that keeps reusing its own blocks never records one), when another
  *    stream asked for S's blocks, or when S is retired. Recording happens on a call that uses
  *    S, so S is alive. All of S's cached blocks then move to the shared list, tagged with
  *    (S, fence number).
@@ -90,7 +91,7 @@ class stream_ordered_pool_core {
   using stream_type = typename Platform::stream_type;
   using fence_type  = typename Platform::fence_type;
 
-  /// Frees after which a stream's cache is fenced and shared.
+  /// Cached blocks after which a stream's cache is fenced and shared.
   static constexpr std::size_t fence_batch = 32;
   /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced.
   static constexpr std::size_t fence_fraction = 16;
@@ -200,7 +201,6 @@ class stream_ordered_pool_core {
         return;
       }
     }
-    ++slot.frees_since_fence;
     if (should_fence(slot)) { fence_and_share(slot, stream, lock); }
   }
 
@@ -382,7 +382,6 @@ class stream_ordered_pool_core {
     std::array<std::pair<char*, std::size_t>, recent_capacity> recent{};
     std::size_t recent_count{};
     std::size_t recent_bytes{};
-    std::size_t frees_since_fence{};
     std::unordered_map<std::uint64_t, std::uint64_t> waited;  // other slot serial -> fence no.
     std::atomic<bool> fence_requested{};
 
@@ -533,7 +532,8 @@ class stream_ordered_pool_core {
   [[nodiscard]] bool should_fence(slot_type& slot) const noexcept
   {
     if (slot.fence_requested.load(std::memory_order_relaxed)) { return true; }
-    if (slot.frees_since_fence >= fence_batch) { return true; }
+    // Counted in cached blocks, not frees: a stream that reuses its blocks never fences.
+    if (slot.cache.block_count() + slot.recent_count >= fence_batch) { return true; }
     auto const pool = pool_bytes_.load(std::memory_order_relaxed);
     return slot.cache.free_bytes() + slot.recent_bytes >=
            std::max<std::size_t>(pool / fence_fraction, 1);
@@ -558,7 +558,6 @@ class stream_ordered_pool_core {
     }
     fences_.fetch_add(1, std::memory_order_relaxed);
     slot.fence_requested.store(false, std::memory_order_relaxed);
-    slot.frees_since_fence = 0;
     auto blocks = slot.cache.take_all();
     lock.unlock();
     auto owner = shared_from_slot(slot);
@@ -723,7 +722,6 @@ class stream_ordered_pool_core {
       for (auto& b : slot.cache.take_all()) {
         blocks.push_back(std::move(b));
       }
-      slot.frees_since_fence = 0;
     });
     std::lock_guard<std::mutex> lock(shared_mutex_);
     std::vector<typename free_list<fence_tag>::block> shared_blocks = shared_.take_all();
