@@ -545,9 +545,10 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
 
     Notes
     -----
-    A block freed on stream S is reused on S at once, with no CUDA call. Another stream T
+    A block freed on stream S is reused on S at once (no CUDA call but the stream identity
+    query, none at all on the default stream). Another stream T
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
-    free; S records one fence per batch of frees (32 frees, or 1/16 of the pool in bytes),
+    free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes),
     never one per free, and never while it is being captured. The pool grows by doubling,
     trying smaller chunks when the upstream is short; right before raising
     :class:`MemoryError` it synchronizes the device once and reclaims every stream's frees.

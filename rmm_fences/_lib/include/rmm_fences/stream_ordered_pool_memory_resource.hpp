@@ -17,7 +17,7 @@ namespace rmm_fences::mr {
  *
  * A block freed on stream S is reused on S at once with no CUDA call. Another stream takes it
  * only after enqueuing a wait on a fence recorded on S after the free; fences are batched, one
- * event record per batch of frees. See `detail::stream_ordered_pool_core` for the design.
+ * event record per batch of cached frees. See `detail::stream_ordered_pool_core` for the design.
  *
  * Copyable: copies share one state (`cuda::mr::shared_resource`).
  */

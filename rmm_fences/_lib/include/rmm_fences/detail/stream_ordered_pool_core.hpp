@@ -33,7 +33,7 @@ struct stream_ordered_pool_stats {
   std::uint64_t same_stream_reuse{};   ///< allocations served from the stream's own frees
   std::uint64_t cross_stream_reuse{};  ///< allocations that waited on another stream's fence
   std::uint64_t upstream_growths{};    ///< chunks taken from the upstream
-  std::uint64_t fences{};              ///< fences recorded (one per batch of frees)
+  std::uint64_t fences{};              ///< fences recorded (one per batch of cached frees)
   std::uint64_t stream_waits{};        ///< stream-to-fence waits enqueued (no host sync)
   std::uint64_t reclaim_syncs{};       ///< device syncs before giving up (near out-of-memory)
   std::uint64_t retired_streams{};     ///< streams retired through `retire_stream`
