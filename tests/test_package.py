@@ -110,3 +110,16 @@ def test_pool_upstream_must_be_a_resource(bad):
 def test_pool_bad_sizes_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), **kwargs)
+
+
+def test_threaded_benchmarks_validate_their_streams_before_any_cuda_call():
+    from rmm_fences.bench import threaded_alloc_free, threaded_stream_queries
+
+    with pytest.raises(ValueError, match="streams must hold at least one stream"):
+        threaded_alloc_free(rmm.mr.CudaMemoryResource(), 1024, 10, [])
+    with pytest.raises(TypeError, match="stream must be None, an rmm Stream"):
+        threaded_alloc_free(rmm.mr.CudaMemoryResource(), 1024, 10, [object()])
+    with pytest.raises(ValueError, match="query must be 'is_capturing' or 'get_id'"):
+        threaded_stream_queries("flush", 10, [])
+    with pytest.raises(ValueError, match="streams must hold at least one stream"):
+        threaded_stream_queries("get_id", 10, [])

@@ -17,6 +17,7 @@ from libcpp.set cimport set as cpp_set
 from libcpp.vector cimport vector
 
 
+from rmm_fences._lib._pool cimport pool_stats_dict, stream_ordered_pool_stats
 from rmm_fences._lib._sync_on_free cimport (
     mode_from_name,
     stats_dict,
@@ -144,18 +145,6 @@ cdef class HostSyncOnFree:
 
 
 cdef extern from "rmm_fences/testing/host_pool.hpp" namespace "rmm_fences::testing":
-    cdef cppclass pool_stats "rmm_fences::mr::stream_ordered_pool_stats":
-        uint64_t current_bytes
-        uint64_t peak_bytes
-        uint64_t pool_bytes
-        uint64_t same_stream_reuse
-        uint64_t cross_stream_reuse
-        uint64_t upstream_growths
-        uint64_t fences
-        uint64_t stream_waits
-        uint64_t reclaim_syncs
-        uint64_t retired_streams
-
     cdef cppclass wait_record "std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>":
         pass
 
@@ -166,7 +155,7 @@ cdef extern from "rmm_fences/testing/host_pool.hpp" namespace "rmm_fences::testi
         uint64_t records
 
     cdef cppclass pool_core_type "rmm_fences::detail::stream_ordered_pool_core<rmm_fences::testing::host_pool_platform, rmm_fences::testing::host_chunk_upstream>":
-        pool_stats stats()
+        stream_ordered_pool_stats stats()
         size_t pool_size()
 
     cdef cppclass host_pool:
@@ -283,12 +272,4 @@ cdef class HostStreamOrderedPool:
 
     @property
     def stats(self) -> dict:
-        cdef pool_stats s = deref(self.c_obj).core().stats()
-        return {
-            "current_bytes": s.current_bytes, "peak_bytes": s.peak_bytes,
-            "pool_bytes": s.pool_bytes, "same_stream_reuse": s.same_stream_reuse,
-            "cross_stream_reuse": s.cross_stream_reuse,
-            "upstream_growths": s.upstream_growths, "fences": s.fences,
-            "stream_waits": s.stream_waits, "reclaim_syncs": s.reclaim_syncs,
-            "retired_streams": s.retired_streams,
-        }
+        return pool_stats_dict(deref(self.c_obj).core().stats())

@@ -26,6 +26,7 @@ from rmm.pylibrmm.stream import DEFAULT_STREAM
 
 from rmm_fences._sizes import parse_bytes
 
+from rmm_fences._lib._pool cimport pool_stats_dict, stream_ordered_pool_stats
 from rmm_fences._lib._sync_on_free cimport (
     mode_from_name,
     stats_dict,
@@ -104,18 +105,6 @@ cdef extern from "rmm_fences/bench.hpp" namespace "rmm_fences::bench" nogil:
 
 cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
         namespace "rmm_fences::mr" nogil:
-    cdef cppclass stream_ordered_pool_stats:
-        uint64_t current_bytes
-        uint64_t peak_bytes
-        uint64_t pool_bytes
-        uint64_t same_stream_reuse
-        uint64_t cross_stream_reuse
-        uint64_t upstream_growths
-        uint64_t fences
-        uint64_t stream_waits
-        uint64_t reclaim_syncs
-        uint64_t retired_streams
-
     cdef cppclass stream_ordered_pool_memory_resource_impl \
             "rmm_fences::mr::detail::stream_ordered_pool_memory_resource_impl":
         void* try_allocate_cached(stream_ref stream, size_t nbytes) except +
@@ -413,18 +402,23 @@ def random_allocations(DeviceMemoryResource mr not None, size_t operations=10000
     return ops
 
 
+cdef vector[cudaStream_t] _stream_handles(object streams) except *:
+    cdef vector[cudaStream_t] handles
+    cdef Stream rs
+    for x in streams:
+        rs = _as_stream(x)
+        handles.push_back(rs.view().get())
+    if handles.size() == 0:
+        raise ValueError("streams must hold at least one stream")
+    return handles
+
+
 def threaded_alloc_free(DeviceMemoryResource mr not None, nbytes, size_t iterations,
                         streams) -> float:
     """Aggregate allocate+free pairs per second of one C++ thread per stream in ``streams``
     (rmm, CuPy, cuda.core or ``__cuda_stream__`` streams), all started together."""
     cdef size_t c_nbytes = parse_bytes(nbytes, "nbytes")
-    cdef list rstreams = [_as_stream(x) for x in streams]
-    if not rstreams:
-        raise ValueError("streams must hold at least one stream")
-    cdef vector[cudaStream_t] handles
-    cdef Stream rs
-    for rs in rstreams:
-        handles.push_back(rs.view().get())
+    cdef vector[cudaStream_t] handles = _stream_handles(streams)
     cdef double pairs
     with nogil:
         pairs = c_threaded_alloc_free_pairs(mr.get_mr(), c_nbytes, iterations, handles)
@@ -515,19 +509,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``same_stream_reuse``,
         ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
         ``reclaim_syncs``, ``retired_streams``."""
-        cdef stream_ordered_pool_stats s = deref(self.c_obj).get().stats()
-        return {
-            "current_bytes": s.current_bytes,
-            "peak_bytes": s.peak_bytes,
-            "pool_bytes": s.pool_bytes,
-            "same_stream_reuse": s.same_stream_reuse,
-            "cross_stream_reuse": s.cross_stream_reuse,
-            "upstream_growths": s.upstream_growths,
-            "fences": s.fences,
-            "stream_waits": s.stream_waits,
-            "reclaim_syncs": s.reclaim_syncs,
-            "retired_streams": s.retired_streams,
-        }
+        return pool_stats_dict(deref(self.c_obj).get().stats())
 
 
 class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
@@ -577,13 +559,7 @@ def threaded_stream_queries(query, size_t iterations, streams) -> float:
     if query not in queries:
         raise ValueError(f"query must be 'is_capturing' or 'get_id', got {query!r}")
     cdef int which = queries[query]
-    cdef vector[cudaStream_t] handles
-    cdef Stream rs
-    for x in streams:
-        rs = _as_stream(x)
-        handles.push_back(rs.view().get())
-    if handles.size() == 0:
-        raise ValueError("streams must hold at least one stream")
+    cdef vector[cudaStream_t] handles = _stream_handles(streams)
     cdef double calls
     with nogil:
         calls = c_threaded_stream_queries(which, iterations, handles)
