@@ -8,10 +8,21 @@
 
 import rmm  # noqa: F401  (loads librmm.so, which the extension links)
 
+from rmm_fences._hazards import AllocationRecord, HazardError, HazardRecord, HazardWarning
 from rmm_fences._lib.memory_resource import (
+    HazardTrackingResourceAdaptor,
     StreamOrderedPoolMemoryResource,
     SyncOnFreeResourceAdaptor,
 )
 
-__all__ = ["StreamOrderedPoolMemoryResource", "SyncOnFreeResourceAdaptor", "__version__"]
+__all__ = [
+    "AllocationRecord",
+    "HazardError",
+    "HazardRecord",
+    "HazardTrackingResourceAdaptor",
+    "HazardWarning",
+    "StreamOrderedPoolMemoryResource",
+    "SyncOnFreeResourceAdaptor",
+    "__version__",
+]
 __version__ = "0.1.0"

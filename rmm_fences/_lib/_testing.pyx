@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # cython: language_level=3
-"""The SyncOnFree policy core on host memory with hand-signalled fences (tests only).
+"""The policy cores on host memory with hand-signalled fences (tests only).
 
-Runs the very C++ core that ``SyncOnFreeResourceAdaptor`` runs on the GPU, with a
-``fence_board`` in place of CUDA events and a byte-limited host allocator in place of the
-upstream. Needs no GPU.
+Runs the very C++ cores that the resources run on the GPU, with manual fences (or a simulated
+device) in place of CUDA events and host allocators in place of the upstream. Needs no GPU.
 """
 
 from cython.operator cimport dereference as deref
@@ -18,6 +17,14 @@ from libcpp.vector cimport vector
 
 
 from rmm_fences._lib._pool cimport pool_stats_dict, stream_ordered_pool_stats
+from rmm_fences._lib._tracking cimport (
+    allocation_fields,
+    allocation_record,
+    hazard_fields,
+    hazard_record,
+    hazard_tracker_stats,
+    tracker_stats_dict,
+)
 from rmm_fences._lib._sync_on_free cimport (
     mode_from_name,
     stats_dict,
@@ -273,3 +280,145 @@ cdef class HostStreamOrderedPool:
     @property
     def stats(self) -> dict:
         return pool_stats_dict(deref(self.c_obj).core().stats())
+
+
+cdef extern from "rmm_fences/testing/host_tracker.hpp" namespace "rmm_fences::testing":
+    cdef cppclass sim_device:
+        cpp_set[uintptr_t] capturing
+        size_t fences_in_use
+        void launch(uintptr_t) except +
+        bool idle(uintptr_t) except +
+        bool step(uintptr_t) except +
+        size_t acquire() except +
+        void release(size_t) except +
+        void record(size_t, uintptr_t) except +
+        bool ready(size_t) except +
+        void wait(uintptr_t, size_t) except +
+
+    cdef cppclass sim_upstream_state "rmm_fences::testing::sim_upstream::state":
+        uint64_t allocations
+        uint64_t deallocations
+        uint64_t bad_deallocations
+
+    cdef cppclass sim_tracker_core:
+        void* allocate(uintptr_t, size_t, size_t, bool, optional[hazard_record]*) except +
+        optional[hazard_record] deallocate(uintptr_t, void*, size_t, size_t, bool) except +
+        bool record_stream(void*, uintptr_t) except +
+        void poll() except +
+        vector[allocation_record] outstanding() except +
+        vector[hazard_record] hazards() except +
+        void reset() except +
+        hazard_tracker_stats stats() except +
+        size_t pending_checks() except +
+
+    cdef cppclass sim_hazard_tracker:
+        sim_hazard_tracker(bool) except +
+        sim_device& device()
+        sim_tracker_core& core()
+        const sim_upstream_state& upstream()
+        int64_t annotations()
+
+
+cdef class SimHazardTracker:
+    """The hazard tracker's core on a simulated device.
+
+    Streams are integers; ``launch(s)`` queues work on ``s`` that ``step(s)`` completes in
+    order. The upstream is a naive cache (``stream_ordered=False``: a freed block goes to the
+    next request of its size on any stream) or reuses blocks only on the freeing stream.
+    """
+
+    cdef unique_ptr[sim_hazard_tracker] c_obj
+
+    def __cinit__(self, bint stream_ordered):
+        self.c_obj.reset(new sim_hazard_tracker(stream_ordered))
+
+    def allocate(self, size_t nbytes, uintptr_t stream=0, bint strict=False):
+        """The address, or ``(None, hazard)`` when a strict call was stopped."""
+        cdef optional[hazard_record] stopped
+        cdef void* ptr = deref(self.c_obj).core().allocate(stream, nbytes, 256, strict, &stopped)
+        if stopped.has_value():
+            return None, hazard_fields(stopped.value())
+        return <uintptr_t>ptr
+
+    def deallocate(self, uintptr_t ptr, size_t nbytes, uintptr_t stream=0, bint strict=False):
+        """None, or the hazard fields that stopped a strict free."""
+        cdef optional[hazard_record] stopped = deref(self.c_obj).core().deallocate(
+            stream, <void*>ptr, nbytes, 256, strict)
+        return hazard_fields(stopped.value()) if stopped.has_value() else None
+
+    def record_stream(self, uintptr_t ptr, uintptr_t stream) -> bool:
+        return deref(self.c_obj).core().record_stream(<void*>ptr, stream)
+
+    def poll(self) -> None:
+        deref(self.c_obj).core().poll()
+
+    def reset(self) -> None:
+        deref(self.c_obj).core().reset()
+
+    def launch(self, uintptr_t stream) -> None:
+        deref(self.c_obj).device().launch(stream)
+
+    def step(self, uintptr_t stream) -> bool:
+        return deref(self.c_obj).device().step(stream)
+
+    def idle(self, uintptr_t stream) -> bool:
+        return deref(self.c_obj).device().idle(stream)
+
+    def order(self, uintptr_t waiter, uintptr_t source) -> None:
+        """What a user does to order ``waiter`` after ``source``: record and wait on a fence."""
+        cdef sim_device* d = &deref(self.c_obj).device()
+        cdef size_t f = d.acquire()
+        d.record(f, source)
+        d.wait(waiter, f)
+        d.release(f)
+
+    def mark(self, uintptr_t stream) -> int:
+        """A model fence recorded on ``stream`` now (for the test's own bookkeeping)."""
+        cdef sim_device* d = &deref(self.c_obj).device()
+        cdef size_t f = d.acquire()
+        d.record(f, stream)
+        return f
+
+    def done(self, size_t fence) -> bool:
+        return deref(self.c_obj).device().ready(fence)
+
+    def forget(self, size_t fence) -> None:
+        deref(self.c_obj).device().release(fence)
+
+    def begin_capture(self, uintptr_t stream) -> None:
+        deref(self.c_obj).device().capturing.insert(stream)
+
+    def end_capture(self, uintptr_t stream) -> None:
+        deref(self.c_obj).device().capturing.erase(stream)
+
+    @property
+    def fences_in_use(self) -> int:
+        return deref(self.c_obj).device().fences_in_use
+
+    @property
+    def hazards(self) -> list:
+        """Hazard field tuples (see ``hazard_fields``), oldest first."""
+        return [hazard_fields(h) for h in deref(self.c_obj).core().hazards()]
+
+    @property
+    def outstanding(self) -> list:
+        return [allocation_fields(a) for a in deref(self.c_obj).core().outstanding()]
+
+    @property
+    def upstream_calls(self) -> tuple:
+        """(allocations, deallocations, deallocations of blocks it never handed out)."""
+        cdef const sim_upstream_state* u = &deref(self.c_obj).upstream()
+        return (u.allocations, u.deallocations, u.bad_deallocations)
+
+    @property
+    def annotations(self) -> int:
+        """NVTX regions registered and not unregistered."""
+        return deref(self.c_obj).annotations()
+
+    @property
+    def pending_checks(self) -> int:
+        return deref(self.c_obj).core().pending_checks()
+
+    @property
+    def stats(self) -> dict:
+        return tracker_stats_dict(deref(self.c_obj).core().stats())

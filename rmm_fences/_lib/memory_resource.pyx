@@ -564,3 +564,6 @@ def threaded_stream_queries(query, size_t iterations, streams) -> float:
     with nogil:
         calls = c_threaded_stream_queries(which, iterations, handles)
     return calls
+
+
+include "_hazard_tracking.pxi"

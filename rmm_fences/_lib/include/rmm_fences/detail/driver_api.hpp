@@ -11,6 +11,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 namespace rmm_fences::detail {
 
 /// Driver entry points, loaded once per process.
@@ -21,6 +23,7 @@ struct driver_api {
   using stream_get_id_fn = CUresult (*)(CUstream, unsigned long long*);
   using stream_wait_fn   = CUresult (*)(CUstream, CUevent, unsigned int);
   using exchange_mode_fn = CUresult (*)(CUstreamCaptureMode*);
+  using address_range_fn = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
 
   event_record_fn event_record{};
   event_query_fn event_query{};
@@ -28,6 +31,7 @@ struct driver_api {
   stream_get_id_fn stream_get_id{};
   stream_wait_fn stream_wait_event{};
   exchange_mode_fn exchange_capture_mode{};
+  address_range_fn mem_get_address_range{};
 
   /// The process-wide table (entries stay null where the driver does not provide them).
   static driver_api const& get() noexcept
@@ -61,6 +65,7 @@ struct driver_api {
     api.stream_wait_event   = entry<stream_wait_fn>("cuStreamWaitEvent");
     api.exchange_capture_mode =
       entry<exchange_mode_fn>("cuThreadExchangeStreamCaptureMode");
+    api.mem_get_address_range = entry<address_range_fn>("cuMemGetAddressRange");
     return api;
   }
 };

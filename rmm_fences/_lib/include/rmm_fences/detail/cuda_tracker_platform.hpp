@@ -1,0 +1,75 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * CUDA mechanism (DESIGN.md layer 2) of the hazard tracker: pooled events as fences, device-side
+ * waits, capture state and NVTX annotations.
+ */
+#pragma once
+
+#include <rmm_fences/detail/cuda_events.hpp>
+#include <rmm_fences/detail/driver_api.hpp>
+#include <rmm_fences/detail/nvtx_memory.hpp>
+
+#include <rmm/cuda_device.hpp>
+
+#include <cuda/stream>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rmm_fences::detail {
+
+/// `hazard_tracker_core`'s platform on one CUDA device.
+class cuda_tracker_platform : public cuda_event_fence_ops {
+ public:
+  using stream_type = cuda::stream_ref;
+
+  cuda_tracker_platform(rmm::cuda_device_id device, bool nvtx) : events_{device}, nvtx_{nvtx} {}
+
+  /// The stream handle; the legacy default stream is 0 however it is named.
+  static std::uintptr_t key(cuda::stream_ref stream) noexcept
+  {
+    auto const handle = stream.get();
+    return handle == cudaStreamLegacy ? 0 : reinterpret_cast<std::uintptr_t>(handle);
+  }
+
+  [[nodiscard]] cudaEvent_t acquire_fence() { return events_.acquire(); }
+  void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
+
+  static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
+  {
+    return cuda_platform::record(event, stream);
+  }
+
+  /// `waiter` waits on the device for `event`'s record; the host does not block.
+  static bool wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
+  {
+    if (auto const fn = driver_api::get().stream_wait_event; fn != nullptr) {
+      if (fn(reinterpret_cast<CUstream>(waiter.get()), reinterpret_cast<CUevent>(event), 0) ==
+          CUDA_SUCCESS) {
+        return true;
+      }
+    }
+    if (cudaStreamWaitEvent(waiter.get(), event, 0) == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+
+  static bool is_capturing(cuda::stream_ref stream) noexcept
+  {
+    return rmm_fences::detail::is_capturing(stream);
+  }
+
+  void annotate_allocation(void* ptr, std::size_t bytes) noexcept { nvtx_.on_allocate(ptr, bytes); }
+  void annotate_free(void* ptr) noexcept { nvtx_.on_free(ptr); }
+
+  [[nodiscard]] event_pool& events() noexcept { return events_; }
+  [[nodiscard]] nvtx_memory_annotator const& nvtx() const noexcept { return nvtx_; }
+
+ private:
+  event_pool events_;
+  nvtx_memory_annotator nvtx_;
+};
+
+}  // namespace rmm_fences::detail

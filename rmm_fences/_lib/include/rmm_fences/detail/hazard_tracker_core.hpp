@@ -1,0 +1,742 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * Policy core (DESIGN.md layer 1) of the hazard tracker: the bookkeeping of live and freed
+ * blocks and the rules that name a hazard. No CUDA calls: streams, fences and the upstream are
+ * template parameters, so the CPU tests run this very code on a simulated device.
+ *
+ * Platform provides
+ *   stream_type, fence_type
+ *   static std::uintptr_t key(stream_type)           stream identity in records
+ *   fence_type acquire_fence(); void release_fence(fence_type)
+ *   bool record(fence_type, stream_type)              false: not recorded (no information)
+ *   bool ready(fence_type)                            a recorded fence completed
+ *   bool wait(stream_type waiter, fence_type)         device-side wait, no host block
+ *   bool is_capturing(stream_type)                    no fence is touched on such a stream
+ *   void annotate_allocation(void*, std::size_t); void annotate_free(void*)
+ * Upstream provides allocate(stream, bytes, alignment) and deallocate(stream, ptr, bytes,
+ * alignment).
+ *
+ * Invariants:
+ * - A bad free (double, foreign, wrong size) never reaches the upstream and leaves the live
+ *   block, if any, untouched.
+ * - Every fence the core acquires is released exactly once (when its check is settled, or at
+ *   destruction).
+ * - Hooks are called with the lock released.
+ */
+#pragma once
+
+#include <rmm_fences/detail/stack_trace.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace rmm_fences::detail {
+
+/// The hazards of DESIGN.md, in the order their names are listed there.
+enum class hazard_kind : int {
+  freed_in_flight    = 0,
+  reuse_before_fence = 1,
+  cross_stream_free  = 2,
+  double_free        = 3,
+  foreign_free       = 4,
+  size_mismatch      = 5,
+  leak               = 6,
+};
+
+/// One observed hazard.
+struct hazard_record {
+  hazard_kind kind{};
+  std::uintptr_t ptr{};
+  std::size_t size{};          ///< bytes named by the call that showed the hazard
+  std::size_t tracked_size{};  ///< bytes of the block as allocated (0: not a live block)
+  std::uintptr_t stream{};  ///< stream of the call that showed the hazard
+  /// Streams whose unfinished work makes it a hazard (empty for bad frees and leaks).
+  std::vector<std::uintptr_t> streams;
+  std::shared_ptr<stack_trace const> stack;             ///< the call that showed it
+  std::shared_ptr<stack_trace const> allocation_stack;  ///< the block's allocation
+  std::uint64_t serial{};                               ///< order of detection, from 1
+  bool raised{};  ///< already raised to the caller (strict Python calls)
+};
+
+/// One live allocation.
+struct allocation_record {
+  std::uintptr_t ptr{};
+  std::size_t size{};
+  std::uintptr_t stream{};                ///< allocation stream
+  std::vector<std::uintptr_t> declared;  ///< streams declared with record_stream
+  std::shared_ptr<stack_trace const> stack;
+  std::uint64_t serial{};
+};
+
+/// Counters of the tracker.
+struct hazard_tracker_stats {
+  std::uint64_t allocations{};
+  std::uint64_t deallocations{};   ///< frees that reached the upstream
+  std::uint64_t rejected_frees{};  ///< bad frees kept from the upstream
+  std::uint64_t fences{};          ///< fences recorded
+  std::uint64_t stream_waits{};    ///< device-side waits for declared streams
+  std::uint64_t unchecked{};       ///< checks skipped (stream capture, lost fences)
+  std::uint64_t hazards{};         ///< hazards observed (including dropped ones)
+  std::size_t allocated_bytes{};
+  std::size_t peak_bytes{};
+};
+
+template <typename Platform, typename Upstream>
+class hazard_tracker_core {
+ public:
+  using stream_type = typename Platform::stream_type;
+  using fence_type  = typename Platform::fence_type;
+  /// Called for each hazard not raised to the caller, with the lock released.
+  using hazard_hook = void (*)(hazard_record const&, void* context);
+
+  /// The most hazard records kept (later ones are counted only), freed ranges watched, and
+  /// recently freed addresses remembered to tell a double free from a foreign one.
+  static constexpr std::size_t max_hazards         = 10000;
+  static constexpr std::size_t max_freed_ranges    = 1U << 16U;
+  static constexpr std::size_t max_recently_freed  = 1U << 16U;
+  static constexpr std::size_t freed_polls_per_call = 16;
+
+  /**
+   * @param upstream_stream_ordered true when the upstream orders reuse by stream (or frees
+   * synchronously): then only undeclared cross-stream frees are checked, and a free on the
+   * allocation stream makes no platform call at all.
+   */
+  template <typename... PlatformArgs>
+  hazard_tracker_core(Upstream upstream, bool upstream_stream_ordered, PlatformArgs&&... args)
+    : upstream_{std::move(upstream)},
+      ordered_{upstream_stream_ordered},
+      platform_{std::forward<PlatformArgs>(args)...}
+  {
+    live_.reserve(1024);
+  }
+
+  hazard_tracker_core(hazard_tracker_core const&)            = delete;
+  hazard_tracker_core& operator=(hazard_tracker_core const&) = delete;
+
+  ~hazard_tracker_core() = default;
+
+  /// Releases every fence still held (call while the platform is alive).
+  void release_fences() noexcept
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [start, range] : freed_) {
+      platform_.release_fence(range.fence);
+    }
+    freed_.clear();
+    freed_order_.clear();
+    for (auto& check : pending_) {
+      platform_.release_fence(check.user_fence);
+      platform_.release_fence(check.free_fence);
+    }
+    pending_.clear();
+  }
+
+  /// Forgets the fences without platform calls (process exit).
+  void abandon_fences() noexcept
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    freed_.clear();
+    freed_order_.clear();
+    pending_.clear();
+  }
+
+  [[nodiscard]] Upstream& upstream() noexcept { return upstream_; }
+  [[nodiscard]] Upstream const& upstream() const noexcept { return upstream_; }
+  [[nodiscard]] Platform& platform() noexcept { return platform_; }
+  [[nodiscard]] bool upstream_stream_ordered() const noexcept { return ordered_; }
+
+  void set_hazard_hook(hazard_hook hook, void* context) noexcept
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hook_         = hook;
+    hook_context_ = context;
+  }
+
+  /// Stacks on (with an optional Python frame source) or off.
+  void set_capture_stacks(bool on, stack_trace::python_hook python) noexcept
+  {
+    python_hook_.store(python);
+    capture_stacks_.store(on);
+  }
+  [[nodiscard]] bool capture_stacks() const noexcept { return capture_stacks_.load(); }
+
+  /**
+   * @brief Allocates from the upstream and tracks the block.
+   *
+   * Over an upstream that is not stream-ordered, a block overlapping a freed range whose fence
+   * has not completed, handed out on another stream, is a `reuse_before_fence`. With
+   * `strict`, that block goes straight back to the upstream, `*stopped` holds the hazard and
+   * nullptr is returned.
+   */
+  void* allocate(stream_type stream,
+                 std::size_t bytes,
+                 std::size_t alignment,
+                 bool strict                          = false,
+                 std::optional<hazard_record>* stopped = nullptr)
+  {
+    auto stack = capture_stack();
+    void* ptr  = upstream_.allocate(stream, bytes, alignment);
+    if (ptr == nullptr) { return nullptr; }  // an empty allocation: nothing to track
+    std::vector<hazard_record> notices;
+    bool give_back = false;
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
+      poll_locked(notices);
+      auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+      forget_freed_locked(key);
+      if (!ordered_ && !freed_.empty()) {
+        if (auto hazard = check_reuse_locked(key, bytes, stream, stack); hazard) {
+          if (strict && stopped != nullptr) {
+            hazard->raised = true;
+            give_back      = true;
+            *stopped       = note_locked(std::move(*hazard), notices);
+            remember_freed_locked(key, bytes);
+          } else {
+            note_locked(std::move(*hazard), notices);
+          }
+        }
+      }
+      if (!give_back) {
+        live_.insert_or_assign(
+          key, live_block{bytes, alignment, stream, {}, std::move(stack), ++serial_});
+        stats_.allocations += 1;
+        stats_.allocated_bytes += bytes;
+        stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.allocated_bytes);
+        stream_bytes_[Platform::key(stream)] += bytes;
+        platform_.annotate_allocation(ptr, bytes);
+      }
+    } catch (...) {
+      upstream_.deallocate(stream, ptr, bytes, alignment);  // bookkeeping failed: lose nothing
+      throw;
+    }
+    if (give_back) { upstream_.deallocate(stream, ptr, bytes, alignment); }
+    notify(notices);
+    return give_back ? nullptr : ptr;
+  }
+
+  /**
+   * @brief Frees a tracked block, or records why it must not reach the upstream.
+   *
+   * With `strict`, a hazard seen at the free (a bad free, or `freed_in_flight`) stops it: the
+   * block stays live, nothing reaches the upstream, and the hazard is returned.
+   */
+  std::optional<hazard_record> deallocate(stream_type stream,
+                                          void* ptr,
+                                          std::size_t bytes,
+                                          std::size_t alignment,
+                                          bool strict = false)
+  {
+    if (ptr == nullptr) {
+      upstream_.deallocate(stream, ptr, bytes, alignment);  // an empty allocation's free
+      return std::nullopt;
+    }
+    auto stack = capture_stack();
+    std::vector<hazard_record> notices;
+    std::optional<hazard_record> stopped;
+    bool release = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      poll_locked(notices);
+      auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+      auto const it  = live_.find(key);
+      if (it == live_.end()) {
+        auto const freed = recently_freed_.find(key);
+        hazard_record hazard{};
+        hazard.kind = freed != recently_freed_.end() ? hazard_kind::double_free
+                                                      : hazard_kind::foreign_free;
+        hazard.ptr          = key;
+        hazard.size         = bytes;
+        hazard.tracked_size = freed != recently_freed_.end() ? freed->second.size : 0;
+        hazard.stream       = Platform::key(stream);
+        hazard.stack        = stack;
+        stats_.rejected_frees += 1;
+        stop_or_note_locked(std::move(hazard), strict, stopped, notices);
+      } else if (it->second.size != bytes) {
+        hazard_record hazard{};
+        hazard.kind             = hazard_kind::size_mismatch;
+        hazard.ptr              = key;
+        hazard.size             = bytes;
+        hazard.tracked_size     = it->second.size;
+        hazard.stream           = Platform::key(stream);
+        hazard.stack            = stack;
+        hazard.allocation_stack = it->second.stack;
+        stats_.rejected_frees += 1;
+        stop_or_note_locked(std::move(hazard), strict, stopped, notices);
+      } else {
+        std::optional<hazard_record> hazard;
+        try {
+          hazard = fence_free_locked(stream, key, it->second, stack, strict, notices);
+        } catch (...) {
+          stats_.unchecked += 1;  // no fence (out of events or host memory): free unchecked
+        }
+        if (hazard) {
+          hazard->raised = true;
+          stopped        = note_locked(std::move(*hazard), notices);
+        } else {
+          auto& block = it->second;
+          try {
+            remember_freed_locked(key, bytes);
+          } catch (...) {
+            // out of host memory: a later double free of it will read as foreign
+          }
+          stats_.deallocations += 1;
+          stats_.allocated_bytes -= bytes;
+          auto const owner = stream_bytes_.find(Platform::key(block.stream));
+          if (owner != stream_bytes_.end() && (owner->second -= bytes) == 0) {
+            stream_bytes_.erase(owner);
+          }
+          platform_.annotate_free(ptr);
+          live_.erase(it);
+          release = true;
+        }
+      }
+    }
+    if (release) { upstream_.deallocate(stream, ptr, bytes, alignment); }
+    notify(notices);
+    return stopped;
+  }
+
+  /**
+   * @brief Declares that `stream` uses the live block at `ptr`: its free will be ordered after
+   * the work queued on `stream` up to the free (a device-side wait, as PyTorch's
+   * `record_stream` promises).
+   *
+   * @return false when `ptr` is not a live block of this tracker
+   */
+  bool record_stream(void* ptr, stream_type stream)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto const it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == live_.end()) { return false; }
+    auto const key = Platform::key(stream);
+    auto& block    = it->second;
+    if (!declares(block, key)) { block.declared.push_back(stream); }
+    return true;
+  }
+
+  /// Settles the deferred checks whose fences completed (never blocks).
+  void poll()
+  {
+    std::vector<hazard_record> notices;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      poll_locked(notices);
+    }
+    notify(notices);
+  }
+
+  /// The live blocks, oldest first.
+  [[nodiscard]] std::vector<allocation_record> outstanding() const
+  {
+    std::vector<allocation_record> out;
+    std::lock_guard<std::mutex> lock(mutex_);
+    out.reserve(live_.size());
+    for (auto const& [ptr, block] : live_) {
+      allocation_record record{ptr, block.size, Platform::key(block.stream), {}, block.stack,
+                               block.serial};
+      for (auto const& s : block.declared) {
+        record.declared.push_back(Platform::key(s));
+      }
+      out.push_back(std::move(record));
+    }
+    std::sort(out.begin(), out.end(), [](auto const& a, auto const& b) {
+      return a.serial < b.serial;
+    });
+    return out;
+  }
+
+  /// The hazards recorded since construction or `reset`, oldest first.
+  [[nodiscard]] std::vector<hazard_record> hazards() const
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return hazards_;
+  }
+
+  /// Forgets the recorded hazards; the peak restarts from the bytes allocated now.
+  void reset()
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hazards_.clear();
+    stats_.peak_bytes = stats_.allocated_bytes;
+  }
+
+  [[nodiscard]] hazard_tracker_stats stats() const
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  /// Bytes live per allocation stream.
+  [[nodiscard]] std::vector<std::pair<std::uintptr_t, std::size_t>> stream_bytes() const
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {stream_bytes_.begin(), stream_bytes_.end()};
+  }
+
+  /// Deferred checks not settled yet, and freed ranges still watched.
+  [[nodiscard]] std::size_t pending_checks() const
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pending_.size() + freed_.size();
+  }
+
+ private:
+  struct live_block {
+    std::size_t size{};
+    std::size_t alignment{};
+    stream_type stream;
+    std::vector<stream_type> declared;
+    std::shared_ptr<stack_trace const> stack;
+    std::uint64_t serial{};
+  };
+
+  /// A block freed over an upstream that is not stream-ordered, until its fence completes.
+  struct freed_range {
+    std::size_t size{};
+    std::uintptr_t stream{};
+    fence_type fence{};
+    std::uint64_t serial{};
+  };
+
+  /// A free on another stream than the allocation stream while that stream had work queued:
+  /// a hazard if the free's fence completes while that work is still running.
+  struct cross_check {
+    std::uintptr_t ptr{};
+    std::size_t size{};
+    std::uintptr_t free_stream{};
+    std::uintptr_t user_stream{};
+    fence_type user_fence{};
+    fence_type free_fence{};
+    std::shared_ptr<stack_trace const> stack;
+    std::shared_ptr<stack_trace const> allocation_stack;
+  };
+
+  struct freed_address {
+    std::size_t size{};
+    std::uint64_t generation{};
+  };
+
+  static bool declares(live_block const& block, std::uintptr_t key)
+  {
+    return std::any_of(block.declared.begin(), block.declared.end(), [&](auto const& s) {
+      return Platform::key(s) == key;
+    });
+  }
+
+  std::shared_ptr<stack_trace const> capture_stack() const
+  {
+    if (!capture_stacks_.load(std::memory_order_relaxed)) { return nullptr; }
+    return stack_trace::capture(python_hook_.load(), 3);
+  }
+
+  /// Orders the free after declared streams, then checks what the upstream's kind requires.
+  std::optional<hazard_record> fence_free_locked(stream_type stream,
+                                                 std::uintptr_t ptr,
+                                                 live_block const& block,
+                                                 std::shared_ptr<stack_trace const> const& stack,
+                                                 bool strict,
+                                                 std::vector<hazard_record>& notices)
+  {
+    auto const free_key  = Platform::key(stream);
+    auto const alloc_key = Platform::key(block.stream);
+    bool const undeclared_user = alloc_key != free_key && !declares(block, alloc_key);
+    bool const declared_other  = std::any_of(
+      block.declared.begin(), block.declared.end(), [&](auto const& s) {
+        return Platform::key(s) != free_key;
+      });
+    if (ordered_ && !undeclared_user && !declared_other) { return std::nullopt; }
+    if (platform_.is_capturing(stream)) {
+      stats_.unchecked += 1;
+      return std::nullopt;
+    }
+
+    std::vector<std::uintptr_t> in_flight;
+    for (auto const& user : block.declared) {
+      if (Platform::key(user) == free_key) { continue; }
+      if (platform_.is_capturing(user)) {
+        stats_.unchecked += 1;
+        continue;
+      }
+      auto const fence = platform_.acquire_fence();
+      if (platform_.record(fence, user)) {
+        stats_.fences += 1;
+        if (!ordered_ && !platform_.ready(fence)) { in_flight.push_back(Platform::key(user)); }
+        if (platform_.wait(stream, fence)) { stats_.stream_waits += 1; }
+      }
+      platform_.release_fence(fence);
+    }
+
+    if (!ordered_) {
+      auto const free_fence = platform_.acquire_fence();
+      bool const recorded   = platform_.record(free_fence, stream);
+      if (recorded) {
+        stats_.fences += 1;
+        if (!platform_.ready(free_fence)) { in_flight.insert(in_flight.begin(), free_key); }
+      } else {
+        stats_.unchecked += 1;
+      }
+      if (undeclared_user && !platform_.is_capturing(block.stream)) {
+        auto const user_fence = platform_.acquire_fence();
+        if (platform_.record(user_fence, block.stream)) {
+          stats_.fences += 1;
+          if (!platform_.ready(user_fence)) { in_flight.push_back(alloc_key); }
+        }
+        platform_.release_fence(user_fence);
+      }
+      if (!in_flight.empty()) {
+        hazard_record hazard{};
+        hazard.kind             = hazard_kind::freed_in_flight;
+        hazard.ptr              = ptr;
+        hazard.size             = block.size;
+        hazard.tracked_size     = block.size;
+        hazard.stream           = free_key;
+        hazard.streams          = std::move(in_flight);
+        hazard.stack            = stack;
+        hazard.allocation_stack = block.stack;
+        if (strict) {
+          platform_.release_fence(free_fence);
+          return hazard;
+        }
+        note_locked(std::move(hazard), notices);
+      }
+      if (recorded) {
+        watch_freed_locked(ptr, block.size, free_key, free_fence);
+      } else {
+        platform_.release_fence(free_fence);
+      }
+      return std::nullopt;
+    }
+
+    // Stream-ordered upstream: only the undeclared allocation stream can race with reuse.
+    if (!undeclared_user || platform_.is_capturing(block.stream)) { return std::nullopt; }
+    auto const user_fence = platform_.acquire_fence();
+    if (!platform_.record(user_fence, block.stream)) {
+      platform_.release_fence(user_fence);
+      stats_.unchecked += 1;
+      return std::nullopt;
+    }
+    stats_.fences += 1;
+    if (platform_.ready(user_fence)) {
+      platform_.release_fence(user_fence);
+      return std::nullopt;
+    }
+    auto const free_fence = platform_.acquire_fence();
+    if (!platform_.record(free_fence, stream)) {
+      platform_.release_fence(free_fence);
+      platform_.release_fence(user_fence);
+      stats_.unchecked += 1;
+      return std::nullopt;
+    }
+    stats_.fences += 1;
+    pending_.push_back(
+      cross_check{ptr, block.size, free_key, alloc_key, user_fence, free_fence, stack, block.stack});
+    settle_cross_checks_locked(notices);
+    return std::nullopt;
+  }
+
+  /// A freed range overlapping [ptr, ptr + bytes) with an unfinished fence of another stream.
+  std::optional<hazard_record> check_reuse_locked(std::uintptr_t ptr,
+                                                  std::size_t bytes,
+                                                  stream_type stream,
+                                                  std::shared_ptr<stack_trace const> const& stack)
+  {
+    if (platform_.is_capturing(stream)) {
+      stats_.unchecked += 1;
+      return std::nullopt;
+    }
+    auto const key   = Platform::key(stream);
+    auto const first = ptr >= max_freed_size_ ? ptr - max_freed_size_ + 1 : 0;
+    std::optional<hazard_record> found;
+    for (auto it = freed_.lower_bound(first); it != freed_.end() && it->first < ptr + bytes;) {
+      auto const& range = it->second;
+      if (it->first + range.size <= ptr) {
+        ++it;
+        continue;
+      }
+      if (!found && range.stream != key && !platform_.ready(range.fence)) {
+        hazard_record hazard{};
+        hazard.kind         = hazard_kind::reuse_before_fence;
+        hazard.ptr          = ptr;
+        hazard.size         = bytes;
+        hazard.tracked_size = range.size;
+        hazard.stream       = key;
+        hazard.streams      = {range.stream};
+        hazard.stack        = stack;
+        found               = std::move(hazard);
+      }
+      platform_.release_fence(range.fence);
+      it = freed_.erase(it);  // the range is live again
+    }
+    return found;
+  }
+
+  void watch_freed_locked(std::uintptr_t ptr, std::size_t size, std::uintptr_t stream,
+                          fence_type fence)
+  {
+    if (freed_.size() >= max_freed_ranges) {
+      drop_oldest_freed_locked();
+      stats_.unchecked += 1;
+    }
+    auto const serial = ++freed_serial_;
+    freed_.emplace(ptr, freed_range{size, stream, fence, serial});
+    freed_order_.emplace_back(ptr, serial);
+    max_freed_size_ = std::max(max_freed_size_, size);
+  }
+
+  /// The oldest watched range (already settled entries are skipped).
+  typename std::multimap<std::uintptr_t, freed_range>::iterator oldest_freed_locked()
+  {
+    while (!freed_order_.empty()) {
+      auto const [ptr, serial] = freed_order_.front();
+      auto [lo, hi]            = freed_.equal_range(ptr);
+      for (auto it = lo; it != hi; ++it) {
+        if (it->second.serial == serial) { return it; }
+      }
+      freed_order_.pop_front();
+    }
+    return freed_.end();
+  }
+
+  void drop_oldest_freed_locked()
+  {
+    auto const it = oldest_freed_locked();
+    if (it == freed_.end()) { return; }
+    platform_.release_fence(it->second.fence);
+    freed_.erase(it);
+    freed_order_.pop_front();
+  }
+
+  void poll_locked(std::vector<hazard_record>& notices)
+  {
+    if (!pending_.empty()) { settle_cross_checks_locked(notices); }
+    for (std::size_t i = 0; i < freed_polls_per_call && !freed_.empty(); ++i) {
+      auto const it = oldest_freed_locked();
+      if (it == freed_.end() || !platform_.ready(it->second.fence)) { break; }
+      platform_.release_fence(it->second.fence);
+      freed_.erase(it);
+      freed_order_.pop_front();
+    }
+    if (freed_.empty()) {
+      freed_order_.clear();
+      max_freed_size_ = 0;
+    }
+  }
+
+  /// A cross-stream free is proven unordered when its fence completes before the work that
+  /// was queued on the allocation stream at the free; settled either way once one completes.
+  void settle_cross_checks_locked(std::vector<hazard_record>& notices)
+  {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      bool const user_done = platform_.ready(it->user_fence);
+      bool const free_done = !user_done && platform_.ready(it->free_fence);
+      if (!user_done && !free_done) {
+        ++it;
+        continue;
+      }
+      if (free_done) {
+        hazard_record hazard{};
+        hazard.kind             = hazard_kind::cross_stream_free;
+        hazard.ptr              = it->ptr;
+        hazard.size             = it->size;
+        hazard.tracked_size     = it->size;
+        hazard.stream           = it->free_stream;
+        hazard.streams          = {it->user_stream};
+        hazard.stack            = it->stack;
+        hazard.allocation_stack = it->allocation_stack;
+        note_locked(std::move(hazard), notices);
+      }
+      platform_.release_fence(it->user_fence);
+      platform_.release_fence(it->free_fence);
+      it = pending_.erase(it);
+    }
+  }
+
+  void stop_or_note_locked(hazard_record hazard,
+                           bool strict,
+                           std::optional<hazard_record>& stopped,
+                           std::vector<hazard_record>& notices)
+  {
+    hazard.raised = strict;
+    auto noted    = note_locked(std::move(hazard), notices);
+    if (strict) { stopped = std::move(noted); }
+  }
+
+  /// Records `hazard` (numbered) and queues it for the hook unless it is raised; returns it.
+  hazard_record note_locked(hazard_record hazard, std::vector<hazard_record>& notices)
+  {
+    stats_.hazards += 1;
+    hazard.serial = stats_.hazards;
+    if (hazards_.size() < max_hazards) { hazards_.push_back(hazard); }
+    if (!hazard.raised && hook_ != nullptr) { notices.push_back(hazard); }
+    return hazard;
+  }
+
+  void notify(std::vector<hazard_record> const& notices)
+  {
+    if (notices.empty()) { return; }
+    hazard_hook hook{};
+    void* context{};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      hook    = hook_;
+      context = hook_context_;
+    }
+    if (hook == nullptr) { return; }
+    for (auto const& hazard : notices) {
+      hook(hazard, context);
+    }
+  }
+
+  void remember_freed_locked(std::uintptr_t ptr, std::size_t size)
+  {
+    auto const generation = ++freed_generation_;
+    recently_freed_[ptr]  = freed_address{size, generation};
+    recently_freed_order_.emplace_back(ptr, generation);
+    while (recently_freed_order_.size() > max_recently_freed) {
+      auto const [old, old_generation] = recently_freed_order_.front();
+      recently_freed_order_.pop_front();
+      auto const it = recently_freed_.find(old);
+      if (it != recently_freed_.end() && it->second.generation == old_generation) {
+        recently_freed_.erase(it);
+      }
+    }
+  }
+
+  void forget_freed_locked(std::uintptr_t ptr) { recently_freed_.erase(ptr); }
+
+  Upstream upstream_;
+  bool const ordered_;
+  Platform platform_;
+
+  mutable std::mutex mutex_;
+  std::unordered_map<std::uintptr_t, live_block> live_;
+  std::unordered_map<std::uintptr_t, std::size_t> stream_bytes_;
+  std::multimap<std::uintptr_t, freed_range> freed_;
+  std::deque<std::pair<std::uintptr_t, std::uint64_t>> freed_order_;
+  std::size_t max_freed_size_{};
+  std::uint64_t freed_serial_{};
+  std::vector<cross_check> pending_;
+  std::unordered_map<std::uintptr_t, freed_address> recently_freed_;
+  std::deque<std::pair<std::uintptr_t, std::uint64_t>> recently_freed_order_;
+  std::uint64_t freed_generation_{};
+  std::vector<hazard_record> hazards_;
+  hazard_tracker_stats stats_{};
+  std::uint64_t serial_{};
+  hazard_hook hook_{};
+  void* hook_context_{};
+  std::atomic<bool> capture_stacks_{false};
+  std::atomic<stack_trace::python_hook> python_hook_{nullptr};
+};
+
+}  // namespace rmm_fences::detail
