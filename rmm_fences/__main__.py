@@ -22,6 +22,10 @@ def _parser() -> argparse.ArgumentParser:
         "pool-bench",
         help="StreamOrderedPoolMemoryResource against rmm's pool and CudaAsync (P1-P4)",
     )
+    sub.add_parser(
+        "tracking-bench",
+        help="what HazardTrackingResourceAdaptor adds to each upstream's alloc+free",
+    )
     return parser
 
 
@@ -37,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         from rmm_fences import _pool_bench
 
         return _pool_bench.run()
+    if args.command == "tracking-bench":
+        from rmm_fences import _tracking_bench
+
+        return _tracking_bench.run()
     if args.trials < 1:
         print("rmm-fences demo: --trials must be at least 1", file=sys.stderr)
         return 2

@@ -9,7 +9,11 @@ import pytest
 import rmm
 
 import rmm_fences
-from rmm_fences import StreamOrderedPoolMemoryResource, SyncOnFreeResourceAdaptor
+from rmm_fences import (
+    HazardTrackingResourceAdaptor,
+    StreamOrderedPoolMemoryResource,
+    SyncOnFreeResourceAdaptor,
+)
 from rmm_fences._cuda import device_count
 from rmm_fences._sizes import parse_bytes
 from rmm_fences.bench import alloc_free_ns
@@ -18,7 +22,10 @@ from rmm_fences.unsafe import NaiveCachingMemoryResource
 
 def test_public_names():
     assert rmm_fences.__all__ == [
-        "StreamOrderedPoolMemoryResource", "SyncOnFreeResourceAdaptor", "__version__"]
+        "AllocationRecord", "HazardError", "HazardRecord", "HazardTrackingResourceAdaptor",
+        "HazardWarning", "StreamOrderedPoolMemoryResource", "SyncOnFreeResourceAdaptor",
+        "__version__"]
+    assert issubclass(HazardTrackingResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(StreamOrderedPoolMemoryResource, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(SyncOnFreeResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(NaiveCachingMemoryResource, rmm.mr.UpstreamResourceAdaptor)
@@ -29,7 +36,8 @@ def test_typed_stubs_are_installed():
     stub = (lib / "memory_resource.pyi").read_text()
     for name in ("class SyncOnFreeResourceAdaptor", "class NaiveCachingMemoryResource",
                  "class StreamOrderedPoolMemoryResource", "def alloc_free_ns",
-                 "def random_allocations", "def threaded_alloc_free"):
+                 "def random_allocations", "def threaded_alloc_free",
+                 "class HazardTrackingResourceAdaptor"):
         assert name in stub
     assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
 

@@ -10,12 +10,14 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .dist/*.whl || exit 1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null || which compute-sanitizer || echo "no compute-sanitizer"
 python3 -P -c "import rmm, cupy, rmm_fences; print('rmm', rmm.__version__, 'cupy', cupy.__version__, 'rmm_fences', rmm_fences.__version__)"
 # -P: the source tree (without the compiled extension) must not shadow the installed package.
 python3 -P -m pytest -p no:cacheprovider -rs -s "$@" 2>&1 | tee "$out/pytest.log" | grep -v "^$"
 rc=${PIPESTATUS[0]}
-python3 -P -m rmm_fences demo 2>&1 | tee "$out/demo.log"
-python3 -P -m rmm_fences pool-bench 2>&1 | tee "$out/pool-bench.log"
+[ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences demo 2>&1 | tee "$out/demo.log"
+[ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences pool-bench 2>&1 | tee "$out/pool-bench.log"
+python3 -P -m rmm_fences tracking-bench 2>&1 | tee "$out/tracking-bench.log"
 echo "pytest exit code: $rc"
 grep -E "^(=+ .*(passed|failed|error).* =+)$" "$out/pytest.log" | tail -1
 exit "$rc"

@@ -3,7 +3,6 @@
 
 import atexit
 import sys
-import traceback
 import warnings
 import weakref
 
@@ -53,6 +52,7 @@ cdef extern from "rmm_fences/hazard_tracking_resource_adaptor.hpp" \
     cdef cppclass hazard_tracking_resource_adaptor_impl \
             "rmm_fences::mr::detail::hazard_tracking_resource_adaptor_impl":
         tracker_core& core()
+        cbool nvtx_active()
 
     cdef cppclass hazard_tracking_resource_adaptor:
         hazard_tracking_resource_adaptor(
@@ -74,7 +74,12 @@ cdef cbool _python_stack(string& out) noexcept with gil:
         frame = sys._getframe(0)
     except ValueError:
         return False
-    out = "".join(traceback.format_list(traceback.extract_stack(frame, limit=32))).encode()
+    lines = []
+    while frame is not None and len(lines) < 32:  # no source lookup: cheap on every call
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}')
+        frame = frame.f_back
+    out = "\n".join(reversed(lines)).encode()
     return True
 
 
@@ -208,6 +213,12 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
                 f"buffer_or_ptr ({ptr:#x}) is not the start of a live allocation of this "
                 "tracker; record_stream takes the pointer an allocation returned"
             )
+
+    @property
+    def nvtx_active(self) -> bool:
+        """Whether a tool (compute-sanitizer, Nsight Systems) took the NVTX memory
+        annotations; known after the first allocation."""
+        return deref(self.c_obj).get().nvtx_active()
 
     def outstanding(self) -> list:
         """The live allocations, oldest first, as :class:`AllocationRecord` objects."""

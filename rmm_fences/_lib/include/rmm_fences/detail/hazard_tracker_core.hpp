@@ -26,6 +26,7 @@
  */
 #pragma once
 
+#include <rmm_fences/detail/spin_mutex.hpp>
 #include <rmm_fences/detail/stack_trace.hpp>
 
 #include <algorithm>
@@ -100,12 +101,14 @@ class hazard_tracker_core {
   /// Called for each hazard not raised to the caller, with the lock released.
   using hazard_hook = void (*)(hazard_record const&, void* context);
 
-  /// The most hazard records kept (later ones are counted only), freed ranges watched, and
-  /// recently freed addresses remembered to tell a double free from a foreign one.
-  static constexpr std::size_t max_hazards         = 10000;
-  static constexpr std::size_t max_freed_ranges    = 1U << 16U;
-  static constexpr std::size_t max_recently_freed  = 1U << 16U;
+  /// The most hazard records kept (later ones are counted only), freed ranges watched,
+  /// slots of the table of recently freed addresses (which tells a double free from a foreign
+  /// one; a slot holds the latest address that maps to it), and spare map nodes.
+  static constexpr std::size_t max_hazards          = 10000;
+  static constexpr std::size_t max_freed_ranges     = 1U << 16U;
+  static constexpr std::size_t recently_freed_slots = 1U << 16U;
   static constexpr std::size_t freed_polls_per_call = 16;
+  static constexpr std::size_t max_spare_nodes      = 1024;
 
   /**
    * @param upstream_stream_ordered true when the upstream orders reuse by stream (or frees
@@ -119,6 +122,8 @@ class hazard_tracker_core {
       platform_{std::forward<PlatformArgs>(args)...}
   {
     live_.reserve(1024);
+    spare_nodes_.reserve(max_spare_nodes);
+    recently_freed_.resize(recently_freed_slots);
   }
 
   hazard_tracker_core(hazard_tracker_core const&)            = delete;
@@ -129,7 +134,7 @@ class hazard_tracker_core {
   /// Releases every fence still held (call while the platform is alive).
   void release_fences() noexcept
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     for (auto& [start, range] : freed_) {
       platform_.release_fence(range.fence);
     }
@@ -145,7 +150,7 @@ class hazard_tracker_core {
   /// Forgets the fences without platform calls (process exit).
   void abandon_fences() noexcept
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     freed_.clear();
     freed_order_.clear();
     pending_.clear();
@@ -158,7 +163,7 @@ class hazard_tracker_core {
 
   void set_hazard_hook(hazard_hook hook, void* context) noexcept
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     hook_         = hook;
     hook_context_ = context;
   }
@@ -191,7 +196,7 @@ class hazard_tracker_core {
     std::vector<hazard_record> notices;
     bool give_back = false;
     try {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<spin_mutex> lock(mutex_);
       poll_locked(notices);
       auto const key = reinterpret_cast<std::uintptr_t>(ptr);
       forget_freed_locked(key);
@@ -208,12 +213,10 @@ class hazard_tracker_core {
         }
       }
       if (!give_back) {
-        live_.insert_or_assign(
-          key, live_block{bytes, alignment, stream, {}, std::move(stack), ++serial_});
+        track_locked(key, live_block{bytes, alignment, stream, {}, std::move(stack), ++serial_});
         stats_.allocations += 1;
         stats_.allocated_bytes += bytes;
         stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.allocated_bytes);
-        stream_bytes_[Platform::key(stream)] += bytes;
         platform_.annotate_allocation(ptr, bytes);
       }
     } catch (...) {
@@ -246,18 +249,18 @@ class hazard_tracker_core {
     std::optional<hazard_record> stopped;
     bool release = false;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<spin_mutex> lock(mutex_);
       poll_locked(notices);
       auto const key = reinterpret_cast<std::uintptr_t>(ptr);
       auto const it  = live_.find(key);
       if (it == live_.end()) {
-        auto const freed = recently_freed_.find(key);
+        auto const& freed = recently_freed_[freed_slot(key)];
+        bool const again  = freed.ptr == key;
         hazard_record hazard{};
-        hazard.kind = freed != recently_freed_.end() ? hazard_kind::double_free
-                                                      : hazard_kind::foreign_free;
+        hazard.kind         = again ? hazard_kind::double_free : hazard_kind::foreign_free;
         hazard.ptr          = key;
         hazard.size         = bytes;
-        hazard.tracked_size = freed != recently_freed_.end() ? freed->second.size : 0;
+        hazard.tracked_size = again ? freed.size : 0;
         hazard.stream       = Platform::key(stream);
         hazard.stack        = stack;
         stats_.rejected_frees += 1;
@@ -284,20 +287,11 @@ class hazard_tracker_core {
           hazard->raised = true;
           stopped        = note_locked(std::move(*hazard), notices);
         } else {
-          auto& block = it->second;
-          try {
-            remember_freed_locked(key, bytes);
-          } catch (...) {
-            // out of host memory: a later double free of it will read as foreign
-          }
+          remember_freed_locked(key, bytes);
           stats_.deallocations += 1;
           stats_.allocated_bytes -= bytes;
-          auto const owner = stream_bytes_.find(Platform::key(block.stream));
-          if (owner != stream_bytes_.end() && (owner->second -= bytes) == 0) {
-            stream_bytes_.erase(owner);
-          }
           platform_.annotate_free(ptr);
-          live_.erase(it);
+          untrack_locked(it);
           release = true;
         }
       }
@@ -316,7 +310,7 @@ class hazard_tracker_core {
    */
   bool record_stream(void* ptr, stream_type stream)
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     auto const it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (it == live_.end()) { return false; }
     auto const key = Platform::key(stream);
@@ -330,7 +324,7 @@ class hazard_tracker_core {
   {
     std::vector<hazard_record> notices;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<spin_mutex> lock(mutex_);
       poll_locked(notices);
     }
     notify(notices);
@@ -340,7 +334,7 @@ class hazard_tracker_core {
   [[nodiscard]] std::vector<allocation_record> outstanding() const
   {
     std::vector<allocation_record> out;
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     out.reserve(live_.size());
     for (auto const& [ptr, block] : live_) {
       allocation_record record{ptr, block.size, Platform::key(block.stream), {}, block.stack,
@@ -359,35 +353,41 @@ class hazard_tracker_core {
   /// The hazards recorded since construction or `reset`, oldest first.
   [[nodiscard]] std::vector<hazard_record> hazards() const
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     return hazards_;
   }
 
   /// Forgets the recorded hazards; the peak restarts from the bytes allocated now.
   void reset()
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     hazards_.clear();
     stats_.peak_bytes = stats_.allocated_bytes;
   }
 
   [[nodiscard]] hazard_tracker_stats stats() const
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     return stats_;
   }
 
-  /// Bytes live per allocation stream.
+  /// Bytes live per allocation stream (a walk over the live blocks).
   [[nodiscard]] std::vector<std::pair<std::uintptr_t, std::size_t>> stream_bytes() const
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return {stream_bytes_.begin(), stream_bytes_.end()};
+    std::map<std::uintptr_t, std::size_t> bytes;
+    {
+      std::lock_guard<spin_mutex> lock(mutex_);
+      for (auto const& [ptr, block] : live_) {
+        bytes[Platform::key(block.stream)] += block.size;
+      }
+    }
+    return {bytes.begin(), bytes.end()};
   }
 
   /// Deferred checks not settled yet, and freed ranges still watched.
   [[nodiscard]] std::size_t pending_checks() const
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<spin_mutex> lock(mutex_);
     return pending_.size() + freed_.size();
   }
 
@@ -423,9 +423,42 @@ class hazard_tracker_core {
   };
 
   struct freed_address {
+    std::uintptr_t ptr{};
     std::size_t size{};
-    std::uint64_t generation{};
   };
+
+  using live_map = std::unordered_map<std::uintptr_t, live_block>;
+
+  /// Inserts through a spare node when one is left (no allocation on the hot path).
+  void track_locked(std::uintptr_t key, live_block block)
+  {
+    if (spare_nodes_.empty()) {
+      live_.insert_or_assign(key, std::move(block));
+      return;
+    }
+    auto node = std::move(spare_nodes_.back());
+    spare_nodes_.pop_back();
+    node.key()    = key;
+    node.mapped() = std::move(block);
+    auto result   = live_.insert(std::move(node));
+    if (!result.inserted) { result.position->second = std::move(result.node.mapped()); }
+  }
+
+  void untrack_locked(typename live_map::iterator it) noexcept
+  {
+    auto node = live_.extract(it);
+    if (spare_nodes_.size() < max_spare_nodes) {
+      node.mapped().stack.reset();
+      node.mapped().declared.clear();
+      spare_nodes_.push_back(std::move(node));  // capacity reserved: no allocation
+    }
+  }
+
+  /// Direct-mapped by 256-byte granule: blocks within 16 MiB of each other never collide.
+  static std::size_t freed_slot(std::uintptr_t ptr) noexcept
+  {
+    return static_cast<std::size_t>(ptr >> 8U) & (recently_freed_slots - 1);
+  }
 
   static bool declares(live_block const& block, std::uintptr_t key)
   {
@@ -688,7 +721,7 @@ class hazard_tracker_core {
     hazard_hook hook{};
     void* context{};
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<spin_mutex> lock(mutex_);
       hook    = hook_;
       context = hook_context_;
     }
@@ -698,38 +731,30 @@ class hazard_tracker_core {
     }
   }
 
-  void remember_freed_locked(std::uintptr_t ptr, std::size_t size)
+  void remember_freed_locked(std::uintptr_t ptr, std::size_t size) noexcept
   {
-    auto const generation = ++freed_generation_;
-    recently_freed_[ptr]  = freed_address{size, generation};
-    recently_freed_order_.emplace_back(ptr, generation);
-    while (recently_freed_order_.size() > max_recently_freed) {
-      auto const [old, old_generation] = recently_freed_order_.front();
-      recently_freed_order_.pop_front();
-      auto const it = recently_freed_.find(old);
-      if (it != recently_freed_.end() && it->second.generation == old_generation) {
-        recently_freed_.erase(it);
-      }
-    }
+    recently_freed_[freed_slot(ptr)] = freed_address{ptr, size};
   }
 
-  void forget_freed_locked(std::uintptr_t ptr) { recently_freed_.erase(ptr); }
+  void forget_freed_locked(std::uintptr_t ptr) noexcept
+  {
+    auto& slot = recently_freed_[freed_slot(ptr)];
+    if (slot.ptr == ptr) { slot = freed_address{}; }
+  }
 
   Upstream upstream_;
   bool const ordered_;
   Platform platform_;
 
-  mutable std::mutex mutex_;
-  std::unordered_map<std::uintptr_t, live_block> live_;
-  std::unordered_map<std::uintptr_t, std::size_t> stream_bytes_;
+  mutable spin_mutex mutex_;
+  live_map live_;
+  std::vector<typename live_map::node_type> spare_nodes_;
   std::multimap<std::uintptr_t, freed_range> freed_;
   std::deque<std::pair<std::uintptr_t, std::uint64_t>> freed_order_;
   std::size_t max_freed_size_{};
   std::uint64_t freed_serial_{};
   std::vector<cross_check> pending_;
-  std::unordered_map<std::uintptr_t, freed_address> recently_freed_;
-  std::deque<std::pair<std::uintptr_t, std::uint64_t>> recently_freed_order_;
-  std::uint64_t freed_generation_{};
+  std::vector<freed_address> recently_freed_;
   std::vector<hazard_record> hazards_;
   hazard_tracker_stats stats_{};
   std::uint64_t serial_{};

@@ -113,6 +113,9 @@ class hazard_tracking_resource_adaptor_impl {
 
   [[nodiscard]] core_type& core() noexcept { return core_; }
 
+  /// Whether a tool (compute-sanitizer, Nsight) took the NVTX annotations so far.
+  [[nodiscard]] bool nvtx_active() noexcept { return core_.platform().nvtx().tool_attached(); }
+
   friend void get_property(hazard_tracking_resource_adaptor_impl const&,
                            cuda::mr::device_accessible) noexcept
   {

@@ -7,8 +7,8 @@
  * Each allocation is registered as a region of a sub-allocator heap. The heap is the device
  * allocation that contains it (`cuMemGetAddressRange`: a pool's chunk), registered the first
  * time a live block lies in it and unregistered when its last live block is freed, so memory
- * the upstream gives back never stays marked. Without a tool attached, NVTX's domain is null
- * and nothing else is called.
+ * the upstream gives back never stays marked. Without a tool attached the first heap
+ * registration returns NVTX_MEM_HEAP_HANDLE_NO_TOOL and nothing is called after it.
  */
 #pragma once
 
@@ -36,18 +36,18 @@ class nvtx_memory_annotator {
   [[nodiscard]] bool enabled() const noexcept { return enabled_; }
 
   /// Whether a tool took the annotations (known after the first allocation).
-  [[nodiscard]] bool tool_attached() const noexcept { return domain_ != nullptr; }
+  [[nodiscard]] bool tool_attached() const noexcept { return tool_attached_; }
 
   void on_allocate(void* ptr, std::size_t bytes) noexcept
   {
     if (!enabled_ || bytes == 0) { return; }
     if (!initialized_) {
       initialized_ = true;
-      domain_      = nvtxDomainCreateA("rmm_fences");
+      domain_      = nvtxDomainCreateA("rmm_fences");  // null (the default domain) is valid
     }
     auto const range = driver_api::get().mem_get_address_range;
-    if (domain_ == nullptr || range == nullptr) {
-      enabled_ = false;  // no tool attached: annotations cost nothing from now on
+    if (range == nullptr) {
+      enabled_ = false;
       return;
     }
     CUdeviceptr base{};
@@ -65,6 +65,13 @@ class nvtx_memory_annotator {
         heap_desc.typeSpecificDescSize = sizeof(desc);
         heap_desc.typeSpecificDesc     = &desc;
         heap.handle                    = nvtxMemHeapRegister(domain_, &heap_desc);
+        // NVTX_MEM_HEAP_HANDLE_NO_TOOL, spelled out (its static_cast does not compile in C++)
+        if (reinterpret_cast<std::intptr_t>(heap.handle) == -1) {
+          heaps_.erase(base);
+          enabled_ = false;  // no tool attached: annotations cost nothing from now on
+          return;
+        }
+        tool_attached_ = true;
       }
       heap.live += 1;
       regions_[reinterpret_cast<std::uintptr_t>(ptr)] = base;
@@ -85,7 +92,7 @@ class nvtx_memory_annotator {
 
   void on_free(void* ptr) noexcept
   {
-    if (!enabled_ || domain_ == nullptr) { return; }
+    if (!enabled_) { return; }
     auto const region = regions_.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (region == regions_.end()) { return; }
     nvtxMemRegionRef_t ref{};
@@ -114,6 +121,7 @@ class nvtx_memory_annotator {
 
   bool enabled_;
   bool initialized_{};
+  bool tool_attached_{};
   nvtxDomainHandle_t domain_{};
   std::unordered_map<CUdeviceptr, heap_entry> heaps_;
   std::unordered_map<std::uintptr_t, CUdeviceptr> regions_;
