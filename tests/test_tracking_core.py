@@ -386,3 +386,24 @@ def test_every_kind_has_a_message():
         assert kind in describe(kind, 0x1000, 256, 512, 1, (2,))
     with pytest.raises(ValueError, match="unknown hazard kind"):
         describe("nope", 0, 0, 0, 0, ())
+
+
+def test_many_live_blocks_grow_the_table_and_erase_in_any_order():
+    import random
+
+    t = SimHazardTracker(True)
+    r = random.Random(5)
+    live = {}
+    for round_ in range(3):
+        for _ in range(5000):
+            size = r.choice(SIZES)
+            live[t.allocate(size, r.choice(STREAMS))] = size
+        order = list(live)
+        r.shuffle(order)
+        for ptr in order[: len(order) * 2 // 3]:
+            t.deallocate(ptr, live.pop(ptr), r.choice(STREAMS))
+        assert sorted(a[0] for a in t.outstanding) == sorted(live)
+        assert t.stats["allocated_bytes"] == sum(live.values())
+    for ptr, size in live.items():
+        t.deallocate(ptr, size, 1)
+    assert t.outstanding == [] and t.hazards == []

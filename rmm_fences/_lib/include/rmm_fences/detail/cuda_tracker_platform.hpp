@@ -34,6 +34,11 @@ class cuda_tracker_platform : public cuda_event_fence_ops {
     return handle == cudaStreamLegacy ? 0 : reinterpret_cast<std::uintptr_t>(handle);
   }
 
+  static cuda::stream_ref stream(std::uintptr_t key) noexcept
+  {
+    return cuda::stream_ref{reinterpret_cast<cudaStream_t>(key)};
+  }
+
   [[nodiscard]] cudaEvent_t acquire_fence() { return events_.acquire(); }
   void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
 

@@ -8,6 +8,7 @@
  * Platform provides
  *   stream_type, fence_type
  *   static std::uintptr_t key(stream_type)           stream identity in records
+ *   static stream_type stream(std::uintptr_t key)     and back
  *   fence_type acquire_fence(); void release_fence(fence_type)
  *   bool record(fence_type, stream_type)              false: not recorded (no information)
  *   bool ready(fence_type)                            a recorded fence completed
@@ -26,6 +27,7 @@
  */
 #pragma once
 
+#include <rmm_fences/detail/pointer_map.hpp>
 #include <rmm_fences/detail/spin_mutex.hpp>
 #include <rmm_fences/detail/stack_trace.hpp>
 
@@ -38,7 +40,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -102,13 +103,12 @@ class hazard_tracker_core {
   using hazard_hook = void (*)(hazard_record const&, void* context);
 
   /// The most hazard records kept (later ones are counted only), freed ranges watched,
-  /// slots of the table of recently freed addresses (which tells a double free from a foreign
-  /// one; a slot holds the latest address that maps to it), and spare map nodes.
+  /// and slots of the table of recently freed addresses (which tells a double free from a
+  /// foreign one; a slot holds the latest address that maps to it).
   static constexpr std::size_t max_hazards          = 10000;
   static constexpr std::size_t max_freed_ranges     = 1U << 16U;
   static constexpr std::size_t recently_freed_slots = 1U << 16U;
   static constexpr std::size_t freed_polls_per_call = 16;
-  static constexpr std::size_t max_spare_nodes      = 1024;
 
   /**
    * @param upstream_stream_ordered true when the upstream orders reuse by stream (or frees
@@ -121,8 +121,6 @@ class hazard_tracker_core {
       ordered_{upstream_stream_ordered},
       platform_{std::forward<PlatformArgs>(args)...}
   {
-    live_.reserve(1024);
-    spare_nodes_.reserve(max_spare_nodes);
     recently_freed_.resize(recently_freed_slots);
   }
 
@@ -213,7 +211,8 @@ class hazard_tracker_core {
         }
       }
       if (!give_back) {
-        track_locked(key, live_block{bytes, alignment, stream, {}, std::move(stack), ++serial_});
+        live_.insert_or_assign(key, live_block{bytes, alignment, Platform::key(stream), {},
+                                               std::move(stack), ++serial_});
         stats_.allocations += 1;
         stats_.allocated_bytes += bytes;
         stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.allocated_bytes);
@@ -252,8 +251,8 @@ class hazard_tracker_core {
       std::lock_guard<spin_mutex> lock(mutex_);
       poll_locked(notices);
       auto const key = reinterpret_cast<std::uintptr_t>(ptr);
-      auto const it  = live_.find(key);
-      if (it == live_.end()) {
+      auto* const block = live_.find(key);
+      if (block == nullptr) {
         auto const& freed = recently_freed_[freed_slot(key)];
         bool const again  = freed.ptr == key;
         hazard_record hazard{};
@@ -265,21 +264,21 @@ class hazard_tracker_core {
         hazard.stack        = stack;
         stats_.rejected_frees += 1;
         stop_or_note_locked(std::move(hazard), strict, stopped, notices);
-      } else if (it->second.size != bytes) {
+      } else if (block->size != bytes) {
         hazard_record hazard{};
         hazard.kind             = hazard_kind::size_mismatch;
         hazard.ptr              = key;
         hazard.size             = bytes;
-        hazard.tracked_size     = it->second.size;
+        hazard.tracked_size     = block->size;
         hazard.stream           = Platform::key(stream);
         hazard.stack            = stack;
-        hazard.allocation_stack = it->second.stack;
+        hazard.allocation_stack = block->stack;
         stats_.rejected_frees += 1;
         stop_or_note_locked(std::move(hazard), strict, stopped, notices);
       } else {
         std::optional<hazard_record> hazard;
         try {
-          hazard = fence_free_locked(stream, key, it->second, stack, strict, notices);
+          hazard = fence_free_locked(stream, key, *block, stack, strict, notices);
         } catch (...) {
           stats_.unchecked += 1;  // no fence (out of events or host memory): free unchecked
         }
@@ -291,7 +290,7 @@ class hazard_tracker_core {
           stats_.deallocations += 1;
           stats_.allocated_bytes -= bytes;
           platform_.annotate_free(ptr);
-          untrack_locked(it);
+          (void)live_.take(key);
           release = true;
         }
       }
@@ -311,11 +310,10 @@ class hazard_tracker_core {
   bool record_stream(void* ptr, stream_type stream)
   {
     std::lock_guard<spin_mutex> lock(mutex_);
-    auto const it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-    if (it == live_.end()) { return false; }
+    auto* const block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (block == nullptr) { return false; }
     auto const key = Platform::key(stream);
-    auto& block    = it->second;
-    if (!declares(block, key)) { block.declared.push_back(stream); }
+    if (!declares(*block, key)) { block->declared.push_back(key); }
     return true;
   }
 
@@ -336,14 +334,10 @@ class hazard_tracker_core {
     std::vector<allocation_record> out;
     std::lock_guard<spin_mutex> lock(mutex_);
     out.reserve(live_.size());
-    for (auto const& [ptr, block] : live_) {
-      allocation_record record{ptr, block.size, Platform::key(block.stream), {}, block.stack,
-                               block.serial};
-      for (auto const& s : block.declared) {
-        record.declared.push_back(Platform::key(s));
-      }
-      out.push_back(std::move(record));
-    }
+    live_.for_each([&](std::uintptr_t ptr, live_block const& block) {
+      out.push_back(
+        allocation_record{ptr, block.size, block.stream, block.declared, block.stack, block.serial});
+    });
     std::sort(out.begin(), out.end(), [](auto const& a, auto const& b) {
       return a.serial < b.serial;
     });
@@ -377,9 +371,8 @@ class hazard_tracker_core {
     std::map<std::uintptr_t, std::size_t> bytes;
     {
       std::lock_guard<spin_mutex> lock(mutex_);
-      for (auto const& [ptr, block] : live_) {
-        bytes[Platform::key(block.stream)] += block.size;
-      }
+      live_.for_each(
+        [&](std::uintptr_t, live_block const& block) { bytes[block.stream] += block.size; });
     }
     return {bytes.begin(), bytes.end()};
   }
@@ -395,8 +388,8 @@ class hazard_tracker_core {
   struct live_block {
     std::size_t size{};
     std::size_t alignment{};
-    stream_type stream;
-    std::vector<stream_type> declared;
+    std::uintptr_t stream{};               ///< allocation stream (its key)
+    std::vector<std::uintptr_t> declared;  ///< streams declared with record_stream (keys)
     std::shared_ptr<stack_trace const> stack;
     std::uint64_t serial{};
   };
@@ -427,33 +420,6 @@ class hazard_tracker_core {
     std::size_t size{};
   };
 
-  using live_map = std::unordered_map<std::uintptr_t, live_block>;
-
-  /// Inserts through a spare node when one is left (no allocation on the hot path).
-  void track_locked(std::uintptr_t key, live_block block)
-  {
-    if (spare_nodes_.empty()) {
-      live_.insert_or_assign(key, std::move(block));
-      return;
-    }
-    auto node = std::move(spare_nodes_.back());
-    spare_nodes_.pop_back();
-    node.key()    = key;
-    node.mapped() = std::move(block);
-    auto result   = live_.insert(std::move(node));
-    if (!result.inserted) { result.position->second = std::move(result.node.mapped()); }
-  }
-
-  void untrack_locked(typename live_map::iterator it) noexcept
-  {
-    auto node = live_.extract(it);
-    if (spare_nodes_.size() < max_spare_nodes) {
-      node.mapped().stack.reset();
-      node.mapped().declared.clear();
-      spare_nodes_.push_back(std::move(node));  // capacity reserved: no allocation
-    }
-  }
-
   /// Direct-mapped by 256-byte granule: blocks within 16 MiB of each other never collide.
   static std::size_t freed_slot(std::uintptr_t ptr) noexcept
   {
@@ -462,9 +428,7 @@ class hazard_tracker_core {
 
   static bool declares(live_block const& block, std::uintptr_t key)
   {
-    return std::any_of(block.declared.begin(), block.declared.end(), [&](auto const& s) {
-      return Platform::key(s) == key;
-    });
+    return std::find(block.declared.begin(), block.declared.end(), key) != block.declared.end();
   }
 
   std::shared_ptr<stack_trace const> capture_stack() const
@@ -482,12 +446,10 @@ class hazard_tracker_core {
                                                  std::vector<hazard_record>& notices)
   {
     auto const free_key  = Platform::key(stream);
-    auto const alloc_key = Platform::key(block.stream);
+    auto const alloc_key = block.stream;
     bool const undeclared_user = alloc_key != free_key && !declares(block, alloc_key);
     bool const declared_other  = std::any_of(
-      block.declared.begin(), block.declared.end(), [&](auto const& s) {
-        return Platform::key(s) != free_key;
-      });
+      block.declared.begin(), block.declared.end(), [&](auto s) { return s != free_key; });
     if (ordered_ && !undeclared_user && !declared_other) { return std::nullopt; }
     if (platform_.is_capturing(stream)) {
       stats_.unchecked += 1;
@@ -495,8 +457,9 @@ class hazard_tracker_core {
     }
 
     std::vector<std::uintptr_t> in_flight;
-    for (auto const& user : block.declared) {
-      if (Platform::key(user) == free_key) { continue; }
+    for (auto const user_key : block.declared) {
+      if (user_key == free_key) { continue; }
+      auto const user = Platform::stream(user_key);
       if (platform_.is_capturing(user)) {
         stats_.unchecked += 1;
         continue;
@@ -504,7 +467,7 @@ class hazard_tracker_core {
       auto const fence = platform_.acquire_fence();
       if (platform_.record(fence, user)) {
         stats_.fences += 1;
-        if (!ordered_ && !platform_.ready(fence)) { in_flight.push_back(Platform::key(user)); }
+        if (!ordered_ && !platform_.ready(fence)) { in_flight.push_back(user_key); }
         if (platform_.wait(stream, fence)) { stats_.stream_waits += 1; }
       }
       platform_.release_fence(fence);
@@ -519,9 +482,9 @@ class hazard_tracker_core {
       } else {
         stats_.unchecked += 1;
       }
-      if (undeclared_user && !platform_.is_capturing(block.stream)) {
+      if (undeclared_user && !platform_.is_capturing(Platform::stream(alloc_key))) {
         auto const user_fence = platform_.acquire_fence();
-        if (platform_.record(user_fence, block.stream)) {
+        if (platform_.record(user_fence, Platform::stream(alloc_key))) {
           stats_.fences += 1;
           if (!platform_.ready(user_fence)) { in_flight.push_back(alloc_key); }
         }
@@ -552,9 +515,11 @@ class hazard_tracker_core {
     }
 
     // Stream-ordered upstream: only the undeclared allocation stream can race with reuse.
-    if (!undeclared_user || platform_.is_capturing(block.stream)) { return std::nullopt; }
+    if (!undeclared_user || platform_.is_capturing(Platform::stream(alloc_key))) {
+      return std::nullopt;
+    }
     auto const user_fence = platform_.acquire_fence();
-    if (!platform_.record(user_fence, block.stream)) {
+    if (!platform_.record(user_fence, Platform::stream(alloc_key))) {
       platform_.release_fence(user_fence);
       stats_.unchecked += 1;
       return std::nullopt;
@@ -747,8 +712,7 @@ class hazard_tracker_core {
   Platform platform_;
 
   mutable spin_mutex mutex_;
-  live_map live_;
-  std::vector<typename live_map::node_type> spare_nodes_;
+  pointer_map<live_block> live_;
   std::multimap<std::uintptr_t, freed_range> freed_;
   std::deque<std::pair<std::uintptr_t, std::uint64_t>> freed_order_;
   std::size_t max_freed_size_{};

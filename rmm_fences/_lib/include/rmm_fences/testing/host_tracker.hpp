@@ -133,6 +133,7 @@ class sim_platform {
   explicit sim_platform(std::shared_ptr<sim_device> device) : device_{std::move(device)} {}
 
   static std::uintptr_t key(stream_type stream) noexcept { return stream; }
+  static stream_type stream(std::uintptr_t key) noexcept { return key; }
   fence_type acquire_fence() { return device_->acquire(); }
   void release_fence(fence_type f) { device_->release(f); }
   bool record(fence_type f, stream_type s)

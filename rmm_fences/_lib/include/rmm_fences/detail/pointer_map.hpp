@@ -1,0 +1,136 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * A hash map from device addresses to values: open addressing, linear probing, deletion by
+ * backward shift (no tombstones). Inserting and erasing allocate nothing until the table
+ * grows, and hashing costs one multiply, which keeps the tracker's hot path short.
+ *
+ * Invariants:
+ * - key 0 marks an empty slot (0 is never a tracked address);
+ * - every key sits at or after its home slot, with no empty slot in between (wrapping);
+ * - at most half the slots are used.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace rmm_fences::detail {
+
+template <typename Value>
+class pointer_map {
+ public:
+  explicit pointer_map(std::size_t capacity = 1024) { rehash(round_up(capacity * 2)); }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+
+  /// The value of `key`, or nullptr.
+  [[nodiscard]] Value* find(std::uintptr_t key) noexcept
+  {
+    for (auto i = home(key);; i = next(i)) {
+      auto& s = slots_[i];
+      if (s.key == key) { return &s.value; }
+      if (s.key == 0) { return nullptr; }
+    }
+  }
+
+  /// Inserts or replaces the value of `key` (non-zero). May grow the table.
+  void insert_or_assign(std::uintptr_t key, Value value)
+  {
+    if (2 * (size_ + 1) > slots_.size()) { rehash(2 * slots_.size()); }
+    for (auto i = home(key);; i = next(i)) {
+      auto& s = slots_[i];
+      if (s.key == key) {
+        s.value = std::move(value);
+        return;
+      }
+      if (s.key == 0) {
+        s.key   = key;
+        s.value = std::move(value);
+        ++size_;
+        return;
+      }
+    }
+  }
+
+  /// Removes `key`'s entry and returns its value; `key` must be present (see `find`).
+  Value take(std::uintptr_t key) noexcept
+  {
+    auto i = home(key);
+    while (slots_[i].key != key) {
+      i = next(i);
+    }
+    Value out = std::move(slots_[i].value);
+    // Backward shift: pull later entries of the run into the hole when their home allows it.
+    for (auto j = next(i);; j = next(j)) {
+      auto& s = slots_[j];
+      if (s.key == 0) { break; }
+      auto const h = home(s.key);
+      bool const movable = (i <= j) ? (h <= i || h > j) : (h <= i && h > j);
+      if (movable) {
+        slots_[i].key   = s.key;
+        slots_[i].value = std::move(s.value);
+        i               = j;
+      }
+    }
+    slots_[i].key   = 0;
+    slots_[i].value = Value{};
+    --size_;
+    return out;
+  }
+
+  /// Calls `fn(key, value)` for every entry.
+  template <typename Fn>
+  void for_each(Fn&& fn) const
+  {
+    for (auto const& s : slots_) {
+      if (s.key != 0) { fn(s.key, s.value); }
+    }
+  }
+
+ private:
+  struct slot {
+    std::uintptr_t key{};
+    Value value{};
+  };
+
+  static std::size_t round_up(std::size_t n)
+  {
+    std::size_t p = 16;
+    while (p < n) {
+      p *= 2;
+    }
+    return p;
+  }
+
+  [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept
+  {
+    return static_cast<std::size_t>(((key >> 8U) * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+  [[nodiscard]] std::size_t next(std::size_t i) const noexcept { return (i + 1) & mask_; }
+
+  void rehash(std::size_t count)
+  {
+    std::vector<slot> old(count);
+    old.swap(slots_);
+    mask_  = count - 1;
+    shift_ = 64;
+    for (auto c = count; c > 1; c /= 2) {
+      --shift_;
+    }
+    size_ = 0;
+    for (auto& s : old) {
+      if (s.key != 0) { insert_or_assign(s.key, std::move(s.value)); }
+    }
+  }
+
+  std::vector<slot> slots_;
+  std::size_t size_{};
+  std::size_t mask_{};
+  unsigned shift_{};
+};
+
+}  // namespace rmm_fences::detail
