@@ -215,6 +215,7 @@ def test_device_buffers_cupy_and_stacks(cupy):
     assert record.pointer == buf.ptr and record.size == 1 << 20 and record.stream == s.ptr
     assert __file__ in record.stack  # Python frames, though the C++ call released the GIL
     assert mr.stream_bytes == {s.ptr: 1 << 20} and mr.peak_bytes == 1 << 20
+    assert mr.nvtx_active is False  # no tool attached: the annotations switched themselves off
     del buf
     assert mr.outstanding() == [] and mr.allocated_bytes == 0
     rmm.mr.set_current_device_resource(mr)

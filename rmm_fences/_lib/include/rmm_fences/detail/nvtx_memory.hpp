@@ -8,7 +8,7 @@
  * allocation that contains it (`cuMemGetAddressRange`: a pool's chunk), registered the first
  * time a live block lies in it and unregistered when its last live block is freed, so memory
  * the upstream gives back never stays marked. Without a tool attached the first heap
- * registration returns NVTX_MEM_HEAP_HANDLE_NO_TOOL and nothing is called after it.
+ * registration returns no handle and nothing is called after it.
  */
 #pragma once
 
@@ -65,8 +65,8 @@ class nvtx_memory_annotator {
         heap_desc.typeSpecificDescSize = sizeof(desc);
         heap_desc.typeSpecificDesc     = &desc;
         heap.handle                    = nvtxMemHeapRegister(domain_, &heap_desc);
-        // NVTX_MEM_HEAP_HANDLE_NO_TOOL, spelled out (its static_cast does not compile in C++)
-        if (reinterpret_cast<std::intptr_t>(heap.handle) == -1) {
+        // No tool: NVTX's stub returns null (NVTX_MEM_HEAP_HANDLE_NO_TOOL, -1, is documented)
+        if (heap.handle == nullptr || reinterpret_cast<std::intptr_t>(heap.handle) == -1) {
           heaps_.erase(base);
           enabled_ = false;  // no tool attached: annotations cost nothing from now on
           return;
