@@ -36,8 +36,8 @@ cdef extern from "rmm_fences/hazard_tracking_resource_adaptor.hpp" \
         namespace "rmm_fences::mr" nogil:
     cdef cppclass tracker_core \
             "rmm_fences::mr::detail::hazard_tracking_resource_adaptor_impl::core_type":
-        void* allocate(stream_ref, size_t, size_t, cbool, optional[hazard_record]*) except +
-        optional[hazard_record] deallocate(stream_ref, void*, size_t, size_t, cbool) except +
+        void* allocate(stream_ref, size_t, size_t, hazard_record*) except +
+        cbool deallocate(stream_ref, void*, size_t, size_t, hazard_record*) except +
         cbool record_stream(void*, stream_ref) except +
         void poll() except +
         vector[allocation_record] outstanding() except +
@@ -172,12 +172,13 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         """
         cdef Stream s = _as_stream(stream)
         cdef stream_ref c_stream = s.view()
-        cdef optional[hazard_record] stopped
+        cdef hazard_record stopped
+        cdef hazard_record* out = &stopped if self._strict else NULL
         cdef void* ptr
         with nogil:
-            ptr = self.core.allocate(c_stream, nbytes, 256, self._strict, &stopped)
-        if stopped.has_value():
-            raise HazardError([hazard_from_fields(hazard_fields(stopped.value()))])
+            ptr = self.core.allocate(c_stream, nbytes, 256, out)
+        if ptr == NULL and nbytes != 0 and self._strict:
+            raise HazardError([hazard_from_fields(hazard_fields(stopped))])
         return <uintptr_t>ptr
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, stream=None) -> None:
@@ -190,11 +191,13 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         """
         cdef Stream s = _as_stream(stream)
         cdef stream_ref c_stream = s.view()
-        cdef optional[hazard_record] stopped
+        cdef hazard_record stopped
+        cdef hazard_record* out = &stopped if self._strict else NULL
+        cdef cbool halted
         with nogil:
-            stopped = self.core.deallocate(c_stream, <void*>ptr, nbytes, 256, self._strict)
-        if stopped.has_value():
-            raise HazardError([hazard_from_fields(hazard_fields(stopped.value()))])
+            halted = self.core.deallocate(c_stream, <void*>ptr, nbytes, 256, out)
+        if halted:
+            raise HazardError([hazard_from_fields(hazard_fields(stopped))])
 
     def record_stream(self, buffer_or_ptr, stream) -> None:
         """Declare that ``stream`` uses the allocation ``buffer_or_ptr``.

@@ -301,8 +301,8 @@ cdef extern from "rmm_fences/testing/host_tracker.hpp" namespace "rmm_fences::te
         uint64_t bad_deallocations
 
     cdef cppclass sim_tracker_core:
-        void* allocate(uintptr_t, size_t, size_t, bool, optional[hazard_record]*) except +
-        optional[hazard_record] deallocate(uintptr_t, void*, size_t, size_t, bool) except +
+        void* allocate(uintptr_t, size_t, size_t, hazard_record*) except +
+        bool deallocate(uintptr_t, void*, size_t, size_t, hazard_record*) except +
         bool record_stream(void*, uintptr_t) except +
         void poll() except +
         vector[allocation_record] outstanding() except +
@@ -334,17 +334,20 @@ cdef class SimHazardTracker:
 
     def allocate(self, size_t nbytes, uintptr_t stream=0, bint strict=False):
         """The address, or ``(None, hazard)`` when a strict call was stopped."""
-        cdef optional[hazard_record] stopped
-        cdef void* ptr = deref(self.c_obj).core().allocate(stream, nbytes, 256, strict, &stopped)
-        if stopped.has_value():
-            return None, hazard_fields(stopped.value())
+        cdef hazard_record stopped
+        cdef void* ptr = deref(self.c_obj).core().allocate(
+            stream, nbytes, 256, &stopped if strict else NULL)
+        if ptr == NULL:
+            return None, hazard_fields(stopped)
         return <uintptr_t>ptr
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, uintptr_t stream=0, bint strict=False):
         """None, or the hazard fields that stopped a strict free."""
-        cdef optional[hazard_record] stopped = deref(self.c_obj).core().deallocate(
-            stream, <void*>ptr, nbytes, 256, strict)
-        return hazard_fields(stopped.value()) if stopped.has_value() else None
+        cdef hazard_record stopped
+        if deref(self.c_obj).core().deallocate(stream, <void*>ptr, nbytes, 256,
+                                               &stopped if strict else NULL):
+            return hazard_fields(stopped)
+        return None
 
     def record_stream(self, uintptr_t ptr, uintptr_t stream) -> bool:
         return deref(self.c_obj).core().record_stream(<void*>ptr, stream)

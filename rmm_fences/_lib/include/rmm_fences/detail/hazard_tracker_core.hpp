@@ -178,15 +178,14 @@ class hazard_tracker_core {
    * @brief Allocates from the upstream and tracks the block.
    *
    * Over an upstream that is not stream-ordered, a block overlapping a freed range whose fence
-   * has not completed, handed out on another stream, is a `reuse_before_fence`. With
-   * `strict`, that block goes straight back to the upstream, `*stopped` holds the hazard and
-   * nullptr is returned.
+   * has not completed, handed out on another stream, is a `reuse_before_fence`. A strict call
+   * (`stopped` given) sends that block straight back to the upstream, fills `*stopped` and
+   * returns nullptr.
    */
   void* allocate(stream_type stream,
                  std::size_t bytes,
                  std::size_t alignment,
-                 bool strict                          = false,
-                 std::optional<hazard_record>* stopped = nullptr)
+                 hazard_record* stopped = nullptr)
   {
     auto stack = capture_stack();
     void* ptr  = upstream_.allocate(stream, bytes, alignment);
@@ -200,7 +199,7 @@ class hazard_tracker_core {
       forget_freed_locked(key);
       if (!ordered_ && !freed_.empty()) {
         if (auto hazard = check_reuse_locked(key, bytes, stream, stack); hazard) {
-          if (strict && stopped != nullptr) {
+          if (stopped != nullptr) {
             hazard->raised = true;
             give_back      = true;
             *stopped       = note_locked(std::move(*hazard), notices);
@@ -230,22 +229,23 @@ class hazard_tracker_core {
   /**
    * @brief Frees a tracked block, or records why it must not reach the upstream.
    *
-   * With `strict`, a hazard seen at the free (a bad free, or `freed_in_flight`) stops it: the
-   * block stays live, nothing reaches the upstream, and the hazard is returned.
+   * In a strict call (`stopped` given), a hazard seen at the free (a bad free, or
+   * `freed_in_flight`) stops it: the block stays live, nothing reaches the upstream, `*stopped`
+   * holds the hazard and true is returned.
    */
-  std::optional<hazard_record> deallocate(stream_type stream,
-                                          void* ptr,
-                                          std::size_t bytes,
-                                          std::size_t alignment,
-                                          bool strict = false)
+  bool deallocate(stream_type stream,
+                  void* ptr,
+                  std::size_t bytes,
+                  std::size_t alignment,
+                  hazard_record* stopped = nullptr)
   {
     if (ptr == nullptr) {
       upstream_.deallocate(stream, ptr, bytes, alignment);  // an empty allocation's free
-      return std::nullopt;
+      return false;
     }
     auto stack = capture_stack();
     std::vector<hazard_record> notices;
-    std::optional<hazard_record> stopped;
+    bool halted  = false;
     bool release = false;
     {
       std::lock_guard<spin_mutex> lock(mutex_);
@@ -263,7 +263,7 @@ class hazard_tracker_core {
         hazard.stream       = Platform::key(stream);
         hazard.stack        = stack;
         stats_.rejected_frees += 1;
-        stop_or_note_locked(std::move(hazard), strict, stopped, notices);
+        halted = stop_or_note_locked(std::move(hazard), stopped, notices);
       } else if (block->size != bytes) {
         hazard_record hazard{};
         hazard.kind             = hazard_kind::size_mismatch;
@@ -274,18 +274,14 @@ class hazard_tracker_core {
         hazard.stack            = stack;
         hazard.allocation_stack = block->stack;
         stats_.rejected_frees += 1;
-        stop_or_note_locked(std::move(hazard), strict, stopped, notices);
+        halted = stop_or_note_locked(std::move(hazard), stopped, notices);
       } else {
-        std::optional<hazard_record> hazard;
         try {
-          hazard = fence_free_locked(stream, key, *block, stack, strict, notices);
+          halted = fence_free_locked(stream, key, *block, stack, stopped, notices);
         } catch (...) {
           stats_.unchecked += 1;  // no fence (out of events or host memory): free unchecked
         }
-        if (hazard) {
-          hazard->raised = true;
-          stopped        = note_locked(std::move(*hazard), notices);
-        } else {
+        if (!halted) {
           remember_freed_locked(key, bytes);
           stats_.deallocations += 1;
           stats_.allocated_bytes -= bytes;
@@ -297,7 +293,7 @@ class hazard_tracker_core {
     }
     if (release) { upstream_.deallocate(stream, ptr, bytes, alignment); }
     notify(notices);
-    return stopped;
+    return halted;
   }
 
   /**
@@ -437,23 +433,24 @@ class hazard_tracker_core {
     return stack_trace::capture(python_hook_.load(), 3);
   }
 
-  /// Orders the free after declared streams, then checks what the upstream's kind requires.
-  std::optional<hazard_record> fence_free_locked(stream_type stream,
-                                                 std::uintptr_t ptr,
-                                                 live_block const& block,
-                                                 std::shared_ptr<stack_trace const> const& stack,
-                                                 bool strict,
-                                                 std::vector<hazard_record>& notices)
+  /// Orders the free after declared streams, then checks what the upstream's kind requires;
+  /// true when a strict call (`stopped` given) must stop at a hazard (then in `*stopped`).
+  bool fence_free_locked(stream_type stream,
+                         std::uintptr_t ptr,
+                         live_block const& block,
+                         std::shared_ptr<stack_trace const> const& stack,
+                         hazard_record* stopped,
+                         std::vector<hazard_record>& notices)
   {
     auto const free_key  = Platform::key(stream);
     auto const alloc_key = block.stream;
     bool const undeclared_user = alloc_key != free_key && !declares(block, alloc_key);
     bool const declared_other  = std::any_of(
       block.declared.begin(), block.declared.end(), [&](auto s) { return s != free_key; });
-    if (ordered_ && !undeclared_user && !declared_other) { return std::nullopt; }
+    if (ordered_ && !undeclared_user && !declared_other) { return false; }
     if (platform_.is_capturing(stream)) {
       stats_.unchecked += 1;
-      return std::nullopt;
+      return false;
     }
 
     std::vector<std::uintptr_t> in_flight;
@@ -500,9 +497,11 @@ class hazard_tracker_core {
         hazard.streams          = std::move(in_flight);
         hazard.stack            = stack;
         hazard.allocation_stack = block.stack;
-        if (strict) {
+        if (stopped != nullptr) {
           platform_.release_fence(free_fence);
-          return hazard;
+          hazard.raised = true;
+          *stopped      = note_locked(std::move(hazard), notices);
+          return true;
         }
         note_locked(std::move(hazard), notices);
       }
@@ -511,36 +510,36 @@ class hazard_tracker_core {
       } else {
         platform_.release_fence(free_fence);
       }
-      return std::nullopt;
+      return false;
     }
 
     // Stream-ordered upstream: only the undeclared allocation stream can race with reuse.
     if (!undeclared_user || platform_.is_capturing(Platform::stream(alloc_key))) {
-      return std::nullopt;
+      return false;
     }
     auto const user_fence = platform_.acquire_fence();
     if (!platform_.record(user_fence, Platform::stream(alloc_key))) {
       platform_.release_fence(user_fence);
       stats_.unchecked += 1;
-      return std::nullopt;
+      return false;
     }
     stats_.fences += 1;
     if (platform_.ready(user_fence)) {
       platform_.release_fence(user_fence);
-      return std::nullopt;
+      return false;
     }
     auto const free_fence = platform_.acquire_fence();
     if (!platform_.record(free_fence, stream)) {
       platform_.release_fence(free_fence);
       platform_.release_fence(user_fence);
       stats_.unchecked += 1;
-      return std::nullopt;
+      return false;
     }
     stats_.fences += 1;
     pending_.push_back(
       cross_check{ptr, block.size, free_key, alloc_key, user_fence, free_fence, stack, block.stack});
     settle_cross_checks_locked(notices);
-    return std::nullopt;
+    return false;
   }
 
   /// A freed range overlapping [ptr, ptr + bytes) with an unfinished fence of another stream.
@@ -618,6 +617,7 @@ class hazard_tracker_core {
   void poll_locked(std::vector<hazard_record>& notices)
   {
     if (!pending_.empty()) { settle_cross_checks_locked(notices); }
+    if (freed_order_.empty()) { return; }  // always so over a stream-ordered upstream
     for (std::size_t i = 0; i < freed_polls_per_call && !freed_.empty(); ++i) {
       auto const it = oldest_freed_locked();
       if (it == freed_.end() || !platform_.ready(it->second.fence)) { break; }
@@ -660,14 +660,15 @@ class hazard_tracker_core {
     }
   }
 
-  void stop_or_note_locked(hazard_record hazard,
-                           bool strict,
-                           std::optional<hazard_record>& stopped,
+  /// Records a bad free; a strict call gets it in `*stopped` (and true).
+  bool stop_or_note_locked(hazard_record hazard,
+                           hazard_record* stopped,
                            std::vector<hazard_record>& notices)
   {
-    hazard.raised = strict;
+    hazard.raised = stopped != nullptr;
     auto noted    = note_locked(std::move(hazard), notices);
-    if (strict) { stopped = std::move(noted); }
+    if (stopped != nullptr) { *stopped = std::move(noted); }
+    return stopped != nullptr;
   }
 
   /// Records `hazard` (numbered) and queues it for the hook unless it is raised; returns it.
