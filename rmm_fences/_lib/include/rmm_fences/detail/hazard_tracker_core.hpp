@@ -104,7 +104,8 @@ class hazard_tracker_core {
 
   /// The most hazard records kept (later ones are counted only), freed ranges watched,
   /// and slots of the table of recently freed addresses (which tells a double free from a
-  /// foreign one; a slot holds the latest address that maps to it).
+  /// foreign one; a slot holds the latest address freed that maps to it, and is read only for
+  /// an address that is not live, so allocating a block again needs no update).
   static constexpr std::size_t max_hazards          = 10000;
   static constexpr std::size_t max_freed_ranges     = 1U << 16U;
   static constexpr std::size_t recently_freed_slots = 1U << 16U;
@@ -196,7 +197,6 @@ class hazard_tracker_core {
       std::lock_guard<spin_mutex> lock(mutex_);
       poll_locked(notices);
       auto const key = reinterpret_cast<std::uintptr_t>(ptr);
-      forget_freed_locked(key);
       if (!ordered_ && !freed_.empty()) {
         if (auto hazard = check_reuse_locked(key, bytes, stream, stack); hazard) {
           if (stopped != nullptr) {
@@ -210,8 +210,8 @@ class hazard_tracker_core {
         }
       }
       if (!give_back) {
-        live_.insert_or_assign(key, live_block{bytes, alignment, Platform::key(stream), {},
-                                               std::move(stack), ++serial_});
+        live_.insert_or_assign(
+          key, live_block{bytes, Platform::key(stream), {}, std::move(stack), ++serial_});
         stats_.allocations += 1;
         stats_.allocated_bytes += bytes;
         stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.allocated_bytes);
@@ -383,7 +383,6 @@ class hazard_tracker_core {
  private:
   struct live_block {
     std::size_t size{};
-    std::size_t alignment{};
     std::uintptr_t stream{};               ///< allocation stream (its key)
     std::vector<std::uintptr_t> declared;  ///< streams declared with record_stream (keys)
     std::shared_ptr<stack_trace const> stack;
@@ -700,12 +699,6 @@ class hazard_tracker_core {
   void remember_freed_locked(std::uintptr_t ptr, std::size_t size) noexcept
   {
     recently_freed_[freed_slot(ptr)] = freed_address{ptr, size};
-  }
-
-  void forget_freed_locked(std::uintptr_t ptr) noexcept
-  {
-    auto& slot = recently_freed_[freed_slot(ptr)];
-    if (slot.ptr == ptr) { slot = freed_address{}; }
   }
 
   Upstream upstream_;
