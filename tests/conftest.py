@@ -13,6 +13,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def cupy():
+    """CuPy, imported only by GPU tests."""
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="session")
+def scenarios(cupy):
+    """rmm_fences._scenarios (the seed's race and its kernels)."""
+    from rmm_fences import _scenarios
+
+    return _scenarios
+
+
 @pytest.fixture
 def rng(request):
     """A fresh generator per test, seeded from the test's id so failures reproduce."""

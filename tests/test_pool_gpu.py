@@ -12,20 +12,6 @@ from rmm_fences import StreamOrderedPoolMemoryResource
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def cupy():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def scenarios(cupy):
-    from rmm_fences import _scenarios
-
-    return _scenarios
-
-
 def rs(s):
     return rmm.pylibrmm.stream.Stream(s)
 

@@ -15,20 +15,6 @@ pytestmark = pytest.mark.gpu
 MODES = ("device", "stream", "deferred")
 
 
-@pytest.fixture(scope="module")
-def cupy():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def scenarios(cupy):
-    from rmm_fences import _scenarios
-
-    return _scenarios
-
-
 def rmm_stream(cupy_stream):
     return rmm.pylibrmm.stream.Stream(cupy_stream)
 

@@ -29,20 +29,6 @@ pytestmark = pytest.mark.gpu
 HERE = pathlib.Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def cupy():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def scenarios(cupy):
-    from rmm_fences import _scenarios
-
-    return _scenarios
-
-
 def rmm_stream(s):
     return rmm.pylibrmm.stream.Stream(s)
 

@@ -164,6 +164,20 @@ class cuda_platform : public cuda_event_fence_ops {
     return false;
   }
 
+  /// Enqueues on `waiter` a wait for `event` (device side: the host does not block).
+  static bool stream_wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
+  {
+    if (auto const wait = driver_api::get().stream_wait_event; wait != nullptr) {
+      if (wait(reinterpret_cast<CUstream>(waiter.get()), reinterpret_cast<CUevent>(event), 0) ==
+          CUDA_SUCCESS) {
+        return true;
+      }
+    }
+    if (cudaStreamWaitEvent(waiter.get(), event, 0) == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+
   static bool is_capturing(cuda::stream_ref stream) noexcept
   {
     return rmm_fences::detail::is_capturing(stream);

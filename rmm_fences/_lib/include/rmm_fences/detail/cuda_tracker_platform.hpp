@@ -50,15 +50,7 @@ class cuda_tracker_platform : public cuda_event_fence_ops {
   /// `waiter` waits on the device for `event`'s record; the host does not block.
   static bool wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
   {
-    if (auto const fn = driver_api::get().stream_wait_event; fn != nullptr) {
-      if (fn(reinterpret_cast<CUstream>(waiter.get()), reinterpret_cast<CUevent>(event), 0) ==
-          CUDA_SUCCESS) {
-        return true;
-      }
-    }
-    if (cudaStreamWaitEvent(waiter.get(), event, 0) == cudaSuccess) { return true; }
-    (void)cudaGetLastError();
-    return false;
+    return cuda_platform::stream_wait(waiter, event);
   }
 
   static bool is_capturing(cuda::stream_ref stream) noexcept
