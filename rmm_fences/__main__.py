@@ -23,6 +23,10 @@ def _parser() -> argparse.ArgumentParser:
         help="StreamOrderedPoolMemoryResource against rmm's pool and CudaAsync (P1-P4)",
     )
     sub.add_parser(
+        "reduce-bench",
+        help="the seed's reduce loop per chain (P5) and cupy.sum per CuPy allocator (P6)",
+    )
+    sub.add_parser(
         "tracking-bench",
         help="what HazardTrackingResourceAdaptor adds to each upstream's alloc+free",
     )
@@ -41,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         from rmm_fences import _pool_bench
 
         return _pool_bench.run()
+    if args.command == "reduce-bench":
+        from rmm_fences import _reduce_bench
+
+        return _reduce_bench.run()
     if args.command == "tracking-bench":
         from rmm_fences import _tracking_bench
 

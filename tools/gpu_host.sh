@@ -17,7 +17,8 @@ python3 -P -m pytest -p no:cacheprovider -rs -s "$@" 2>&1 | tee "$out/pytest.log
 rc=${PIPESTATUS[0]}
 [ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences demo 2>&1 | tee "$out/demo.log"
 [ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences pool-bench 2>&1 | tee "$out/pool-bench.log"
-python3 -P -m rmm_fences tracking-bench 2>&1 | tee "$out/tracking-bench.log"
+[ -z "${SKIP_TRACKING_BENCH:-}" ] && python3 -P -m rmm_fences tracking-bench 2>&1 | tee "$out/tracking-bench.log"
+[ -n "${REDUCE_BENCH:-}" ] && python3 -P -m rmm_fences reduce-bench 2>&1 | tee "$out/reduce-bench.log"
 echo "pytest exit code: $rc"
 grep -E "^(=+ .*(passed|failed|error).* =+)$" "$out/pytest.log" | tail -1
 exit "$rc"

@@ -1,0 +1,259 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUB's device-wide reduce through ``cuda.compute``, with its temp storage from any RMM
+resource: the seed's loop (query the size, allocate, launch, free without a sync).
+
+>>> import cupy
+>>> from rmm_fences.reduce import device_sum
+>>> x = cupy.arange(10, dtype=cupy.float32)
+>>> float(device_sum(x))  # doctest: +SKIP
+45.0
+
+Imports without a GPU; ``cuda.compute`` is imported on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+
+from rmm_fences._streams import StreamHandle, rmm_stream, stream_handle
+
+__all__ = ["device_reduce", "device_sum", "temp_storage", "TempStorage", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES = tuple(
+    np.dtype(t)
+    for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+              "float32", "float64")
+)
+_OP_NAMES = {"sum": "PLUS", "plus": "PLUS", "max": "MAXIMUM", "maximum": "MAXIMUM",
+             "min": "MINIMUM", "minimum": "MINIMUM", "prod": "MULTIPLIES",
+             "multiplies": "MULTIPLIES"}
+
+
+class TempStorage:
+    """``nbytes`` of device memory at ``ptr``, as a byte array (``__cuda_array_interface__``),
+    usable as ``temp_storage=`` of any ``cuda.compute`` algorithm."""
+
+    __slots__ = ("ptr", "nbytes", "__weakref__")
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.ptr = ptr
+        self.nbytes = nbytes
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
+                "strides": None, "version": 3}
+
+    def __repr__(self):
+        return f"TempStorage(ptr={self.ptr:#x}, nbytes={self.nbytes})"
+
+
+def _resource(mr):
+    import rmm
+
+    if mr is None:
+        return rmm.mr.get_current_device_resource()
+    if not isinstance(mr, rmm.mr.DeviceMemoryResource):
+        raise TypeError(
+            f"mr must be None or an rmm.mr.DeviceMemoryResource, got {type(mr).__name__}")
+    return mr
+
+
+@contextlib.contextmanager
+def temp_storage(nbytes, *, mr=None, stream=None):
+    """Allocate ``nbytes`` from ``mr`` (default: the current device resource) on ``stream``,
+    yield a :class:`TempStorage`, and free it on the same stream on exit, without a sync.
+
+    Work queued on ``stream`` inside the block may still use the memory after the exit; the
+    resource must order its reuse (every rmm_fences resource and rmm's stream-ordered ones do).
+    """
+    if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes < 0:
+        raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+    resource = _resource(mr)
+    rs = rmm_stream(stream_handle(stream))
+    size = max(int(nbytes), 1)
+    ptr = resource.allocate(size, rs)
+    try:
+        yield TempStorage(ptr, int(nbytes))
+    finally:
+        resource.deallocate(ptr, size, rs)
+
+
+def _array_info(a, name):
+    """(pointer, size, dtype, device) of a device array; TypeError/ValueError naming ``name``."""
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:
+        kind = "host memory" if isinstance(a, np.ndarray) or hasattr(a, "__array__") else ""
+        raise TypeError(
+            f"{name} must be a device array with __cuda_array_interface__ (CuPy, PyTorch, "
+            f"Numba); got {type(a).__name__}{' (' + kind + ')' if kind else ''}")
+    dtype = np.dtype(cai["typestr"])
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {dtype}; supported: "
+                        + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+    shape = tuple(cai["shape"])
+    size = int(np.prod(shape)) if shape else 1
+    strides = cai.get("strides")
+    if strides is not None and size > 1:
+        expected, step = [], dtype.itemsize
+        for extent in reversed(shape):
+            expected.append(step)
+            step *= extent
+        if tuple(reversed(expected)) != tuple(strides):
+            raise ValueError(f"{name} must be C-contiguous (strides {strides})")
+    ptr = cai["data"][0]
+    return ptr, size, dtype
+
+
+def _device_of(ptr):
+    if not ptr:
+        return None
+    import cupy
+
+    return cupy.cuda.runtime.pointerGetAttributes(ptr).device
+
+
+_REDUCERS: dict = {}
+_LOCK = threading.Lock()
+
+
+def _op_and_key(op):
+    import cuda.compute as cc
+
+    if isinstance(op, str):
+        try:
+            return getattr(cc.OpKind, _OP_NAMES[op.lower()]), ("kind", _OP_NAMES[op.lower()])
+        except KeyError:
+            raise ValueError(
+                f"op {op!r} is not known; use one of {sorted(set(_OP_NAMES))}, a "
+                "cuda.compute.OpKind or a callable") from None
+    if isinstance(op, cc.OpKind):
+        return op, ("kind", op.name)
+    if callable(op):
+        return op, ("callable", op)
+    raise TypeError(f"op must be a name, a cuda.compute.OpKind or a callable, got "
+                    f"{type(op).__name__}")
+
+
+class _Reducer:
+    """A cuda.compute reducer and the lock that serializes its calls (a call sets the
+    reducer's iterator state before it launches, so two threads must not interleave)."""
+
+    __slots__ = ("fn", "lock")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.lock = threading.Lock()
+
+    def __call__(self, **kwargs):
+        with self.lock:
+            return self.fn(**kwargs)
+
+
+def _reducer(d_in, d_out, op, h_init, in_dtype, out_dtype):
+    """The reducer for these dtypes and op, built once (JIT compilation) and cached."""
+    import cuda.compute as cc
+
+    op_obj, op_key = _op_and_key(op)
+    key = (in_dtype, out_dtype, op_key, h_init.dtype)
+    reducer = _REDUCERS.get(key)
+    if reducer is None:
+        with _LOCK:
+            reducer = _REDUCERS.get(key)
+            if reducer is None:
+                reducer = _Reducer(
+                    cc.make_reduce_into(d_in=d_in, d_out=d_out, op=op_obj, h_init=h_init))
+                _REDUCERS[key] = reducer
+    return reducer, op_obj
+
+
+def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
+    """``d_out[0] = reduce(op, d_in, h_init)`` on ``stream``, CUB's two-phase way.
+
+    Query the temp size, ``mr.allocate(nbytes, stream)``, launch, ``mr.deallocate(ptr,
+    nbytes, stream)`` right after the launch, with no synchronization: the seed's loop. The
+    resource must order the reuse of the freed block after the launch (rmm_fences' pool,
+    ``SyncOnFreeResourceAdaptor``, rmm's pool and CudaAsync do; an unsafe cache does not).
+
+    Parameters
+    ----------
+    d_in, d_out : device arrays
+        C-contiguous; ``d_out`` holds at least one element. Supported dtypes:
+        :data:`SUPPORTED_DTYPES`.
+    op : str, cuda.compute.OpKind or callable
+        ``"sum"``, ``"max"``, ``"min"``, ``"prod"``, an ``OpKind`` or a binary function.
+    h_init : scalar or numpy value
+        The initial value; its dtype is the accumulator's (default: ``d_out``'s dtype when a
+        Python scalar is given).
+    mr : DeviceMemoryResource, optional
+        Where the temp storage comes from (default: the current device resource).
+    stream : optional
+        None (legacy default stream), a CuPy, rmm, cuda.core or ``__cuda_stream__`` stream.
+    """
+    in_ptr, n, in_dtype = _array_info(d_in, "d_in")
+    out_ptr, out_size, out_dtype = _array_info(d_out, "d_out")
+    if out_size < 1:
+        raise ValueError("d_out must hold at least one element, got an empty array")
+    handle = stream_handle(stream)
+    resource = _resource(mr)
+    if in_ptr and out_ptr:
+        dev_in, dev_out = _device_of(in_ptr), _device_of(out_ptr)
+        if dev_in != dev_out:
+            raise ValueError(f"d_in is on device {dev_in} but d_out on device {dev_out}")
+    init = np.asarray(h_init, dtype=out_dtype if np.isscalar(h_init) and
+                      not isinstance(h_init, np.generic) else None).reshape(1)
+    reducer, op_obj = _reducer(d_in, d_out, op, init, in_dtype, out_dtype)
+    _launch(reducer, d_in, d_out, n, op_obj, init, handle, resource)
+
+
+def _launch(reducer, d_in, d_out, n, op, init, handle, resource):
+    cc_stream = StreamHandle(handle) if handle else None
+    nbytes = reducer(temp_storage=None, d_in=d_in, d_out=d_out, num_items=n, op=op,
+                     h_init=init, stream=cc_stream)
+    size = max(int(nbytes), 1)
+    rs = rmm_stream(handle)
+    ptr = resource.allocate(size, rs)
+    try:
+        reducer(temp_storage=TempStorage(ptr, size), d_in=d_in, d_out=d_out, num_items=n,
+                op=op, h_init=init, stream=cc_stream)
+    finally:
+        resource.deallocate(ptr, size, rs)  # no sync: the seed's question
+
+
+def _sum_dtype(dtype):
+    return np.add.reduce(np.zeros(1, dtype=dtype)).dtype
+
+
+def device_sum(d_in, d_out=None, *, mr=None, stream=None):
+    """The sum of ``d_in`` on ``stream`` (temp storage from ``mr``, freed without a sync).
+
+    The accumulator follows NumPy's ``sum``: integers of less than 64 bits add up in int64
+    (uint64 for unsigned), floats in their own type. With ``d_out=None`` the result is a new
+    0-d CuPy array, written on ``stream``; otherwise ``d_out[0]`` and ``d_out`` is returned.
+    """
+    in_ptr, n, in_dtype = _array_info(d_in, "d_in")
+    acc = _sum_dtype(in_dtype)
+    handle = stream_handle(stream)
+    if d_out is not None:
+        out_ptr, out_size, _ = _array_info(d_out, "d_out")
+        if out_size < 1:
+            raise ValueError("d_out must hold at least one element, got an empty array")
+    resource = _resource(mr)
+    if d_out is None:
+        import cupy
+
+        with cupy.cuda.ExternalStream(handle) if handle else contextlib.nullcontext():
+            out = cupy.empty(1, dtype=acc)
+        result = out.reshape(())
+    else:
+        out = result = d_out
+        if in_ptr and out_ptr and _device_of(in_ptr) != _device_of(out_ptr):
+            raise ValueError(f"d_in is on device {_device_of(in_ptr)} but d_out on device "
+                             f"{_device_of(out_ptr)}")
+    init = np.zeros(1, dtype=acc)
+    reducer, op_obj = _reducer(d_in, out, "sum", init, in_dtype, np.dtype(out.dtype))
+    _launch(reducer, d_in, out, n, op_obj, init, handle, resource)
+    return result

@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The seed's reduce end to end on a GPU: CUB DeviceReduce through cuda.compute with its temp
+storage from every chain, checked against float64 (or exact integer) references."""
+
+import numpy as np
+import pytest
+import rmm
+
+from rmm_fences import (
+    HazardTrackingResourceAdaptor,
+    StreamOrderedPoolMemoryResource,
+    SyncOnFreeResourceAdaptor,
+)
+from rmm_fences.unsafe import NaiveCachingMemoryResource
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ("float32", "float64", "int32", "int64")
+BOUND = {"int32": 1000, "int64": 10**9}
+SIZES = (0, 1, 1023, (1 << 20) + 7, 64 << 20)
+
+CHAINS = {
+    "cuda": lambda: rmm.mr.CudaMemoryResource(),
+    "cuda_async": lambda: rmm.mr.CudaAsyncMemoryResource(),
+    "rmm_pool": lambda: rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(),
+                                                  initial_pool_size=1 << 28),
+    "rmm_fences_pool": lambda: StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource()),
+    **{
+        f"sync_on_free_{mode}(naive_cache)": (
+            lambda mode=mode: SyncOnFreeResourceAdaptor(
+                NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode=mode))
+        for mode in ("device", "stream", "deferred")
+    },
+}
+
+
+def make_chain(name):
+    if name.startswith("tracking("):
+        return HazardTrackingResourceAdaptor(CHAINS[name[9:-1]](), on_hazard="raise")
+    return CHAINS[name]()
+
+
+ALL_CHAINS = list(CHAINS) + [f"tracking({c})" for c in CHAINS]
+
+
+@pytest.fixture(scope="module")
+def reduce_mod(cupy):
+    from rmm_fences import reduce
+
+    return reduce
+
+
+def fresh(cupy, n, dtype, rng):
+    """New random data on the device: floats around 1, integers of both signs."""
+    g = cupy.random.RandomState(int(rng.integers(1 << 62)))
+    if dtype.startswith("float"):
+        x = (g.standard_normal(n, dtype=cupy.float64) + 1.0).astype(dtype)
+    else:
+        x = g.randint(-BOUND[dtype], BOUND[dtype], size=n, dtype=dtype)
+    cupy.cuda.Device().synchronize()  # the reduces run on other (non-blocking) streams
+    return x
+
+
+def check_sum(got, x, dtype):
+    ref = x.astype("float64").sum() if dtype.startswith("float") else x.astype("int64").sum()
+    ref = ref.item()
+    if dtype == "float32":
+        assert got == pytest.approx(ref, rel=1e-4, abs=1e-3)
+    elif dtype == "float64":
+        assert got == pytest.approx(ref, rel=1e-10, abs=1e-9)
+    else:
+        assert got == ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("chain", ALL_CHAINS)
+def test_sum_and_max_match_the_reference(cupy, reduce_mod, rng, chain, dtype):
+    mr = make_chain(chain)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    lowest = np.finfo(dtype).min if dtype.startswith("float") else np.iinfo(dtype).min
+    for n in SIZES:
+        poison = cupy.nan if dtype.startswith("float") else BOUND[dtype] + 1  # never the max
+        out = cupy.full(1, poison, dtype=dtype)
+        x = fresh(cupy, n, dtype, rng)
+        total = reduce_mod.device_sum(x, mr=mr, stream=stream)
+        reduce_mod.device_reduce(x, out, "max", np.array(lowest, dtype=dtype), mr=mr,
+                                 stream=stream)
+        stream.synchronize()
+        check_sum(total.item(), x, dtype)
+        assert total.shape == () and total.dtype == np.add.reduce(np.zeros(1, dtype)).dtype
+        expected_max = x.max().item() if n else lowest
+        assert out.item() == expected_max, (chain, dtype, n)
+        del x
+    if chain.startswith("tracking("):
+        mr.check()
+        assert mr.hazards == [] and mr.allocated_bytes == 0
+
+
+@pytest.mark.parametrize("chain", ["rmm_fences_pool", "sync_on_free_deferred(naive_cache)",
+                                   "tracking(rmm_fences_pool)"])
+def test_1000_back_to_back_reduces_on_two_streams(cupy, reduce_mod, rng, chain):
+    mr = make_chain(chain)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    calls, n = 1000, 1 << 18
+    data = fresh(cupy, calls * n, "float32", rng).reshape(calls, n)
+    outs = cupy.full(calls, cupy.nan, dtype=cupy.float32)
+    cupy.cuda.Device().synchronize()
+    for i in range(calls):
+        reduce_mod.device_sum(data[i], outs[i:i + 1], mr=mr, stream=streams[i % 2])
+    for s in streams:
+        s.synchronize()
+    ref = data.astype(cupy.float64).sum(axis=1)
+    np.testing.assert_allclose(outs.get(), ref.get(), rtol=1e-4)
+    if chain.startswith("tracking("):
+        mr.check()
+
+
+def test_temp_storage_serves_a_cuda_compute_scan(cupy, rng):
+    import cuda.compute as cc
+
+    from rmm_fences._streams import StreamHandle
+    from rmm_fences.reduce import temp_storage
+
+    mr = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
+    stream = cupy.cuda.Stream(non_blocking=True)
+    x = fresh(cupy, 100_003, "float64", rng)
+    out = cupy.full_like(x, cupy.nan)
+    init = np.zeros(1, dtype=np.float64)
+    scan = cc.make_inclusive_scan(d_in=x, d_out=out, op=cc.OpKind.PLUS, init_value=init)
+    cc_stream = StreamHandle(stream.ptr)
+    nbytes = scan(temp_storage=None, d_in=x, d_out=out, op=cc.OpKind.PLUS, init_value=init,
+                  num_items=x.size, stream=cc_stream)
+    with temp_storage(nbytes, mr=mr, stream=stream) as tmp:
+        assert tmp.nbytes == nbytes
+        scan(temp_storage=tmp, d_in=x, d_out=out, op=cc.OpKind.PLUS, init_value=init,
+             num_items=x.size, stream=cc_stream)
+    stream.synchronize()
+    np.testing.assert_allclose(out.get(), np.cumsum(x.get()), rtol=1e-9)
+    assert mr.stats["current_bytes"] == 0
+
+
+def test_bad_inputs_leak_nothing(cupy, reduce_mod):
+    mr = rmm.mr.StatisticsResourceAdaptor(rmm.mr.CudaMemoryResource())
+    x = cupy.arange(10, dtype=cupy.float32)
+    with pytest.raises(ValueError, match="d_out must hold at least one element"):
+        reduce_mod.device_sum(x, cupy.empty(0, dtype=cupy.float32), mr=mr)
+    with pytest.raises(TypeError, match="d_in must be a device array"):
+        reduce_mod.device_sum(x.get(), mr=mr)
+    with pytest.raises(ValueError, match="op 'median' is not known"):
+        reduce_mod.device_reduce(x, cupy.empty(1, dtype=cupy.float32), "median", 0.0, mr=mr)
+    assert mr.allocation_counts.total_count == 0
+
+
+def test_streams_of_every_kind(cupy, reduce_mod, rng):
+    from cuda.core import Device
+
+    dev = Device()
+    dev.set_current()
+    x = fresh(cupy, 4099, "float64", rng)
+    ref = x.sum().item()
+    streams = [None, cupy.cuda.Stream(non_blocking=True), rmm.pylibrmm.stream.Stream(),
+               dev.create_stream()]
+    for s in streams:
+        got = reduce_mod.device_sum(x, stream=s)
+        cupy.cuda.Device().synchronize()
+        assert got.item() == pytest.approx(ref, rel=1e-12)
+
+
+def test_cupy_allocator_serves_cupy_sum_with_cub(cupy, rng):
+    from cupy._core import _accelerator
+
+    from rmm_fences.allocators.cupy import CupyAllocator
+
+    stats = rmm.mr.StatisticsResourceAdaptor(
+        StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource()))
+    alloc = CupyAllocator(stats)
+    saved = (_accelerator.get_reduction_accelerators(), _accelerator.get_routine_accelerators())
+    _accelerator.set_reduction_accelerators(["cub"])
+    _accelerator.set_routine_accelerators(["cub"])
+    try:
+        with cupy.cuda.using_allocator(alloc):
+            x = fresh(cupy, 1 << 20, "float32", rng)
+            after_input = stats.allocation_counts.total_count
+            total = x.sum()
+            used = stats.allocation_counts.total_count - after_input
+            got = total.item()
+            ref = x.astype(cupy.float64).sum().item()
+            del x, total
+        cupy.cuda.Device().synchronize()
+    finally:
+        _accelerator.set_reduction_accelerators(saved[0])
+        _accelerator.set_routine_accelerators(saved[1])
+    assert got == pytest.approx(ref, rel=1e-4)
+    assert used >= 2, f"cupy.sum made {used} allocations through the allocator (output, temp)"
+    assert stats.allocation_counts.current_bytes == 0  # nothing leaked
