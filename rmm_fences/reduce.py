@@ -14,6 +14,7 @@ Imports without a GPU; ``cuda.compute`` is imported on first use.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 import numpy as np
@@ -41,6 +42,10 @@ class TempStorage:
     def __init__(self, ptr: int, nbytes: int):
         self.ptr = ptr
         self.nbytes = nbytes
+
+    def data_ptr(self) -> int:
+        """The address (the accessor cuda.compute tries first)."""
+        return self.ptr
 
     @property
     def __cuda_array_interface__(self):
@@ -82,8 +87,32 @@ def temp_storage(nbytes, *, mr=None, stream=None):
         resource.deallocate(ptr, size, rs)
 
 
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)
+_CUPY_NDARRAY = []  # [cupy.ndarray] once CuPy was imported (the fast path's type)
+
+
+def _cupy_ndarray():
+    if not _CUPY_NDARRAY:
+        try:
+            import cupy
+
+            _CUPY_NDARRAY.append(cupy.ndarray)
+        except ImportError:  # pragma: no cover - CuPy is a dependency
+            _CUPY_NDARRAY.append(None)
+    return _CUPY_NDARRAY[0]
+
+
 def _array_info(a, name):
-    """(pointer, size, dtype, device) of a device array; TypeError/ValueError naming ``name``."""
+    """(pointer, size, dtype, device id or None) of a device array; TypeError or ValueError
+    naming ``name``. CuPy arrays take a fast path through their attributes."""
+    if type(a) is _cupy_ndarray():
+        dtype = a.dtype
+        if dtype not in _SUPPORTED:
+            raise TypeError(f"{name} has dtype {dtype}; supported: "
+                            + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous (strides {a.strides})")
+        return a.data.ptr, a.size, dtype, a.device.id
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:
         kind = "host memory" if isinstance(a, np.ndarray) or hasattr(a, "__array__") else ""
@@ -91,11 +120,11 @@ def _array_info(a, name):
             f"{name} must be a device array with __cuda_array_interface__ (CuPy, PyTorch, "
             f"Numba); got {type(a).__name__}{' (' + kind + ')' if kind else ''}")
     dtype = np.dtype(cai["typestr"])
-    if dtype not in SUPPORTED_DTYPES:
+    if dtype not in _SUPPORTED:
         raise TypeError(f"{name} has dtype {dtype}; supported: "
                         + ", ".join(str(d) for d in SUPPORTED_DTYPES))
     shape = tuple(cai["shape"])
-    size = int(np.prod(shape)) if shape else 1
+    size = math.prod(shape)
     strides = cai.get("strides")
     if strides is not None and size > 1:
         expected, step = [], dtype.itemsize
@@ -105,27 +134,40 @@ def _array_info(a, name):
         if tuple(reversed(expected)) != tuple(strides):
             raise ValueError(f"{name} must be C-contiguous (strides {strides})")
     ptr = cai["data"][0]
-    return ptr, size, dtype
+    return ptr, size, dtype, None
 
 
-def _device_of(ptr):
-    if not ptr:
-        return None
-    import cupy
+def _check_devices(in_ptr, in_dev, out_ptr, out_dev):
+    """ValueError when the input and the output live on different devices."""
+    if not in_ptr or not out_ptr:
+        return
+    if in_dev is None or out_dev is None:
+        import cupy
 
-    return cupy.cuda.runtime.pointerGetAttributes(ptr).device
+        query = cupy.cuda.runtime.pointerGetAttributes
+        in_dev = query(in_ptr).device if in_dev is None else in_dev
+        out_dev = query(out_ptr).device if out_dev is None else out_dev
+    if in_dev != out_dev:
+        raise ValueError(f"d_in is on device {in_dev} but d_out on device {out_dev}")
 
 
 _REDUCERS: dict = {}
 _LOCK = threading.Lock()
+_NAMED_OPS: dict = {}
 
 
 def _op_and_key(op):
+    if isinstance(op, str):
+        found = _NAMED_OPS.get(op)
+        if found is not None:
+            return found
     import cuda.compute as cc
 
     if isinstance(op, str):
         try:
-            return getattr(cc.OpKind, _OP_NAMES[op.lower()]), ("kind", _OP_NAMES[op.lower()])
+            name = _OP_NAMES[op.lower()]
+            found = _NAMED_OPS[op] = (getattr(cc.OpKind, name), ("kind", name))
+            return found
         except KeyError:
             raise ValueError(
                 f"op {op!r} is not known; use one of {sorted(set(_OP_NAMES))}, a "
@@ -148,19 +190,15 @@ class _Reducer:
         self.fn = fn
         self.lock = threading.Lock()
 
-    def __call__(self, **kwargs):
-        with self.lock:
-            return self.fn(**kwargs)
-
 
 def _reducer(d_in, d_out, op, h_init, in_dtype, out_dtype):
     """The reducer for these dtypes and op, built once (JIT compilation) and cached."""
-    import cuda.compute as cc
-
     op_obj, op_key = _op_and_key(op)
     key = (in_dtype, out_dtype, op_key, h_init.dtype)
     reducer = _REDUCERS.get(key)
     if reducer is None:
+        import cuda.compute as cc
+
         with _LOCK:
             reducer = _REDUCERS.get(key)
             if reducer is None:
@@ -193,16 +231,13 @@ def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
     stream : optional
         None (legacy default stream), a CuPy, rmm, cuda.core or ``__cuda_stream__`` stream.
     """
-    in_ptr, n, in_dtype = _array_info(d_in, "d_in")
-    out_ptr, out_size, out_dtype = _array_info(d_out, "d_out")
+    in_ptr, n, in_dtype, in_dev = _array_info(d_in, "d_in")
+    out_ptr, out_size, out_dtype, out_dev = _array_info(d_out, "d_out")
     if out_size < 1:
         raise ValueError("d_out must hold at least one element, got an empty array")
     handle = stream_handle(stream)
     resource = _resource(mr)
-    if in_ptr and out_ptr:
-        dev_in, dev_out = _device_of(in_ptr), _device_of(out_ptr)
-        if dev_in != dev_out:
-            raise ValueError(f"d_in is on device {dev_in} but d_out on device {dev_out}")
+    _check_devices(in_ptr, in_dev, out_ptr, out_dev)
     init = np.asarray(h_init, dtype=out_dtype if np.isscalar(h_init) and
                       not isinstance(h_init, np.generic) else None).reshape(1)
     reducer, op_obj = _reducer(d_in, d_out, op, init, in_dtype, out_dtype)
@@ -211,20 +246,32 @@ def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
 
 def _launch(reducer, d_in, d_out, n, op, init, handle, resource):
     cc_stream = StreamHandle(handle) if handle else None
-    nbytes = reducer(temp_storage=None, d_in=d_in, d_out=d_out, num_items=n, op=op,
-                     h_init=init, stream=cc_stream)
+    fn = reducer.fn
+    with reducer.lock:
+        nbytes = fn(temp_storage=None, d_in=d_in, d_out=d_out, num_items=n, op=op, h_init=init,
+                    stream=cc_stream)
     size = max(int(nbytes), 1)
     rs = rmm_stream(handle)
     ptr = resource.allocate(size, rs)
     try:
-        reducer(temp_storage=TempStorage(ptr, size), d_in=d_in, d_out=d_out, num_items=n,
-                op=op, h_init=init, stream=cc_stream)
+        with reducer.lock:
+            fn(temp_storage=TempStorage(ptr, size), d_in=d_in, d_out=d_out, num_items=n, op=op,
+               h_init=init, stream=cc_stream)
     finally:
         resource.deallocate(ptr, size, rs)  # no sync: the seed's question
 
 
-def _sum_dtype(dtype):
-    return np.add.reduce(np.zeros(1, dtype=dtype)).dtype
+_SUM_INIT: dict = {}
+
+
+def _sum_init(dtype):
+    """The zero of NumPy's sum accumulator for ``dtype`` (read-only, cached)."""
+    init = _SUM_INIT.get(dtype)
+    if init is None:
+        init = np.zeros(1, dtype=np.add.reduce(np.zeros(1, dtype=dtype)).dtype)
+        init.flags.writeable = False
+        _SUM_INIT[dtype] = init
+    return init
 
 
 def device_sum(d_in, d_out=None, *, mr=None, stream=None):
@@ -234,11 +281,12 @@ def device_sum(d_in, d_out=None, *, mr=None, stream=None):
     (uint64 for unsigned), floats in their own type. With ``d_out=None`` the result is a new
     0-d CuPy array, written on ``stream``; otherwise ``d_out[0]`` and ``d_out`` is returned.
     """
-    in_ptr, n, in_dtype = _array_info(d_in, "d_in")
-    acc = _sum_dtype(in_dtype)
+    in_ptr, n, in_dtype, in_dev = _array_info(d_in, "d_in")
+    init = _sum_init(in_dtype)
+    acc = init.dtype
     handle = stream_handle(stream)
     if d_out is not None:
-        out_ptr, out_size, _ = _array_info(d_out, "d_out")
+        out_ptr, out_size, _, out_dev = _array_info(d_out, "d_out")
         if out_size < 1:
             raise ValueError("d_out must hold at least one element, got an empty array")
     resource = _resource(mr)
@@ -250,10 +298,7 @@ def device_sum(d_in, d_out=None, *, mr=None, stream=None):
         result = out.reshape(())
     else:
         out = result = d_out
-        if in_ptr and out_ptr and _device_of(in_ptr) != _device_of(out_ptr):
-            raise ValueError(f"d_in is on device {_device_of(in_ptr)} but d_out on device "
-                             f"{_device_of(out_ptr)}")
-    init = np.zeros(1, dtype=acc)
+        _check_devices(in_ptr, in_dev, out_ptr, out_dev)
     reducer, op_obj = _reducer(d_in, out, "sum", init, in_dtype, np.dtype(out.dtype))
     _launch(reducer, d_in, out, n, op_obj, init, handle, resource)
     return result
