@@ -265,11 +265,11 @@ _SUM_INIT: dict = {}
 
 
 def _sum_init(dtype):
-    """The zero of NumPy's sum accumulator for ``dtype`` (read-only, cached)."""
+    """The zero of NumPy's sum accumulator for ``dtype`` (cached; never written)."""
     init = _SUM_INIT.get(dtype)
     if init is None:
+        # writable: cuda.compute takes a writable memoryview of it (and only reads it)
         init = np.zeros(1, dtype=np.add.reduce(np.zeros(1, dtype=dtype)).dtype)
-        init.flags.writeable = False
         _SUM_INIT[dtype] = init
     return init
 
