@@ -2,9 +2,10 @@
 """``python -m rmm_fences reduce-bench``: the seed's loop per chain (P5) and ``cupy.sum``
 per CuPy allocator (P6), every peer in the same process.
 
-P5: each call queries CUB's temp size, allocates it from the chain, launches the reduce and
-frees it on the stream without a sync; "preallocated" skips only the allocate and free (the
-floor). Time per call: CUDA events around K back-to-back calls on one stream (so a host-bound
+P5: each call allocates CUB's temp storage from the chain (its size, queried once, is cached
+like the reducer), launches the reduce and frees it on the stream without a sync;
+"preallocated" launches cuda.compute's reducer directly with a buffer allocated once (the
+floor: no wrapper, no allocation). Time per call: CUDA events around K back-to-back calls on one stream (so a host-bound
 loop shows as such), median of rounds. Bandwidth: input bytes per call over time per call,
 against a device-to-device copy measured in the same run (read + write bytes).
 """
@@ -97,8 +98,6 @@ def p5(cupy):
         tmp = rf.TempStorage(pre.data.ptr, max(nbytes, 1))
 
         def prealloc():
-            reducer(temp_storage=None, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
-                    stream=cc_stream)
             reducer(temp_storage=tmp, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
                     stream=cc_stream)
 

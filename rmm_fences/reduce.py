@@ -181,14 +181,16 @@ def _op_and_key(op):
 
 
 class _Reducer:
-    """A cuda.compute reducer and the lock that serializes its calls (a call sets the
-    reducer's iterator state before it launches, so two threads must not interleave)."""
+    """A cuda.compute reducer, the lock that serializes its calls (a call sets the reducer's
+    iterator state before it launches, so two threads must not interleave) and the temp sizes
+    it reported, per (device, num_items): CUB's size query depends on nothing else."""
 
-    __slots__ = ("fn", "lock")
+    __slots__ = ("fn", "lock", "sizes")
 
     def __init__(self, fn):
         self.fn = fn
         self.lock = threading.Lock()
+        self.sizes = {}
 
 
 def _reducer(d_in, d_out, op, h_init, in_dtype, out_dtype):
@@ -211,8 +213,9 @@ def _reducer(d_in, d_out, op, h_init, in_dtype, out_dtype):
 def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
     """``d_out[0] = reduce(op, d_in, h_init)`` on ``stream``, CUB's two-phase way.
 
-    Query the temp size, ``mr.allocate(nbytes, stream)``, launch, ``mr.deallocate(ptr,
-    nbytes, stream)`` right after the launch, with no synchronization: the seed's loop. The
+    Query the temp size (once per dtype, op, device and length: the answer is cached),
+    ``mr.allocate(nbytes, stream)``, launch, ``mr.deallocate(ptr, nbytes, stream)`` right
+    after the launch, with no synchronization: the seed's loop. The
     resource must order the reuse of the freed block after the launch (rmm_fences' pool,
     ``SyncOnFreeResourceAdaptor``, rmm's pool and CudaAsync do; an unsafe cache does not).
 
@@ -241,16 +244,25 @@ def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
     init = np.asarray(h_init, dtype=out_dtype if np.isscalar(h_init) and
                       not isinstance(h_init, np.generic) else None).reshape(1)
     reducer, op_obj = _reducer(d_in, d_out, op, init, in_dtype, out_dtype)
-    _launch(reducer, d_in, d_out, n, op_obj, init, handle, resource)
+    _launch(reducer, d_in, d_out, n, op_obj, init, handle, resource, in_dev)
 
 
-def _launch(reducer, d_in, d_out, n, op, init, handle, resource):
+def _launch(reducer, d_in, d_out, n, op, init, handle, resource, device):
     cc_stream = StreamHandle(handle) if handle else None
     fn = reducer.fn
-    with reducer.lock:
-        nbytes = fn(temp_storage=None, d_in=d_in, d_out=d_out, num_items=n, op=op, h_init=init,
-                    stream=cc_stream)
-    size = max(int(nbytes), 1)
+    if device is None:
+        import cupy
+
+        device = cupy.cuda.runtime.getDevice()
+    size = reducer.sizes.get((device, n))
+    if size is None:
+        with reducer.lock:
+            nbytes = fn(temp_storage=None, d_in=d_in, d_out=d_out, num_items=n, op=op,
+                        h_init=init, stream=cc_stream)
+        size = max(int(nbytes), 1)
+        if len(reducer.sizes) >= 4096:
+            reducer.sizes.clear()
+        reducer.sizes[(device, n)] = size
     rs = rmm_stream(handle)
     ptr = resource.allocate(size, rs)
     try:
@@ -300,5 +312,5 @@ def device_sum(d_in, d_out=None, *, mr=None, stream=None):
         out = result = d_out
         _check_devices(in_ptr, in_dev, out_ptr, out_dev)
     reducer, op_obj = _reducer(d_in, out, "sum", init, in_dtype, np.dtype(out.dtype))
-    _launch(reducer, d_in, out, n, op_obj, init, handle, resource)
+    _launch(reducer, d_in, out, n, op_obj, init, handle, resource, in_dev)
     return result
