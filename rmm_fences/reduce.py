@@ -273,6 +273,16 @@ def _launch(reducer, d_in, d_out, n, op, init, handle, resource, device):
         resource.deallocate(ptr, size, rs)  # no sync: the seed's question
 
 
+def _cupy_stream(cupy, handle):
+    """A CuPy stream viewing ``handle`` to allocate on (a null context for the default)."""
+    if not handle:
+        return contextlib.nullcontext()
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy 14
+    if from_external is not None:
+        return from_external(StreamHandle(handle))
+    return cupy.cuda.ExternalStream(handle)
+
+
 _SUM_INIT: dict = {}
 
 
@@ -305,7 +315,7 @@ def device_sum(d_in, d_out=None, *, mr=None, stream=None):
     if d_out is None:
         import cupy
 
-        with cupy.cuda.ExternalStream(handle) if handle else contextlib.nullcontext():
+        with _cupy_stream(cupy, handle):
             out = cupy.empty(1, dtype=acc)
         result = out.reshape(())
     else:
