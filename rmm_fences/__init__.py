@@ -9,6 +9,7 @@
 import rmm  # noqa: F401  (loads librmm.so, which the extension links)
 
 from rmm_fences._hazards import AllocationRecord, HazardError, HazardRecord, HazardWarning
+from rmm_fences.compose import compose, install, parse_spec
 from rmm_fences._lib.memory_resource import (
     HazardTrackingResourceAdaptor,
     StreamOrderedPoolMemoryResource,
@@ -24,5 +25,8 @@ __all__ = [
     "StreamOrderedPoolMemoryResource",
     "SyncOnFreeResourceAdaptor",
     "__version__",
+    "compose",
+    "install",
+    "parse_spec",
 ]
 __version__ = "0.1.0"

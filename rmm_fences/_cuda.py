@@ -29,3 +29,37 @@ def _probe() -> tuple[int, str]:
     if count == 0:
         return 0, "no CUDA device found"
     return count, ""
+
+
+def current_device() -> int:
+    """The current CUDA device's ordinal; RuntimeError saying why where there is none."""
+    from cuda.bindings import runtime
+
+    err, device = runtime.cudaGetDevice()
+    if err != runtime.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"no current CUDA device (cudaGetDevice: {err.name})")
+    return device
+
+
+class on_device:
+    """Context manager: ``device`` is current inside, the previous device after."""
+
+    def __init__(self, device: int):
+        self.device = device
+
+    def __enter__(self):
+        from cuda.bindings import runtime
+
+        self.previous = current_device()
+        if self.previous != self.device:
+            (err,) = runtime.cudaSetDevice(self.device)
+            if err != runtime.cudaError_t.cudaSuccess:
+                raise ValueError(f"device {self.device} cannot be made current ({err.name})")
+        return self
+
+    def __exit__(self, *exc):
+        from cuda.bindings import runtime
+
+        if self.previous != self.device:
+            runtime.cudaSetDevice(self.previous)
+        return False

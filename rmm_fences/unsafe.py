@@ -7,6 +7,9 @@ block; wrap it in :class:`rmm_fences.SyncOnFreeResourceAdaptor` to make it safe.
 
 import rmm  # noqa: F401
 
-from rmm_fences._lib.memory_resource import NaiveCachingMemoryResource
+from rmm_fences._lib.memory_resource import (
+    NaiveCachingMemoryResource,
+    UnmappingVmmMemoryResource,
+)
 
-__all__ = ["NaiveCachingMemoryResource"]
+__all__ = ["NaiveCachingMemoryResource", "UnmappingVmmMemoryResource"]

@@ -567,3 +567,4 @@ def threaded_stream_queries(query, size_t iterations, streams) -> float:
 
 
 include "_hazard_tracking.pxi"
+include "_vmm.pxi"
