@@ -24,7 +24,7 @@ def test_public_names():
     assert rmm_fences.__all__ == [
         "AllocationRecord", "HazardError", "HazardRecord", "HazardTrackingResourceAdaptor",
         "HazardWarning", "StreamOrderedPoolMemoryResource", "SyncOnFreeResourceAdaptor",
-        "__version__"]
+        "__version__", "compose", "install", "parse_spec"]
     assert issubclass(HazardTrackingResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(StreamOrderedPoolMemoryResource, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(SyncOnFreeResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
@@ -37,7 +37,7 @@ def test_typed_stubs_are_installed():
     for name in ("class SyncOnFreeResourceAdaptor", "class NaiveCachingMemoryResource",
                  "class StreamOrderedPoolMemoryResource", "def alloc_free_ns",
                  "def random_allocations", "def threaded_alloc_free",
-                 "class HazardTrackingResourceAdaptor"):
+                 "class HazardTrackingResourceAdaptor", "class UnmappingVmmMemoryResource"):
         assert name in stub
     assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
 
