@@ -18,6 +18,7 @@ import sys
 def crash() -> int:
     import cupy
     import numpy as np
+    import rmm
 
     from rmm_fences import _scenarios
     from rmm_fences.unsafe import UnmappingVmmMemoryResource
@@ -25,14 +26,15 @@ def crash() -> int:
     mr = UnmappingVmmMemoryResource("4GiB")
     s = cupy.cuda.Stream(non_blocking=True)
     count = 16 << 20
-    a = mr.allocate(count * 4, s)
+    rs = rmm.pylibrmm.stream.Stream(s)
+    a = mr.allocate(count * 4, rs)
     rng = np.random.default_rng()
     _scenarios.as_array(a, count, np.float32).set(
         rng.standard_normal(count, dtype=np.float32), stream=s)
     out = cupy.zeros(1, dtype=cupy.float64)
     s.synchronize()
     _scenarios.slow_checksum(a, count, 200, out, s)  # reads the block after 200 ms
-    mr.deallocate(a, count * 4, s)  # unmaps at once: the seed without a sync
+    mr.deallocate(a, count * 4, rs)  # unmaps at once: the seed without a sync
     error = None
     try:
         s.synchronize()

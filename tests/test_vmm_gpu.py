@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import rmm
 
 from rmm_fences.unsafe import UnmappingVmmMemoryResource
 
@@ -42,8 +43,9 @@ def test_allocations_are_usable_and_freed_memory_comes_back(cupy, scenarios, nby
     g = mr.granularity
     assert g > 0 and mr.reserve_size % g == 0
     s = cupy.cuda.Stream(non_blocking=True)
+    rs = rmm.pylibrmm.stream.Stream(s)
     free_before = cupy.cuda.runtime.memGetInfo()[0]
-    ptrs = [mr.allocate(nbytes, s) for _ in range(3)]
+    ptrs = [mr.allocate(nbytes, rs) for _ in range(3)]
     assert mr.mapped_bytes == 3 * -(-nbytes // g) * g
     assert len(set(ptrs)) == 3 and all(p % g == 0 for p in ptrs)
     words = nbytes // 4
@@ -60,7 +62,7 @@ def test_allocations_are_usable_and_freed_memory_comes_back(cupy, scenarios, nby
         used = free_before - cupy.cuda.runtime.memGetInfo()[0]
         assert used >= 3 * nbytes  # physical memory really mapped
     for p in ptrs:
-        mr.deallocate(p, nbytes, s)
+        mr.deallocate(p, nbytes, rs)
     assert mr.mapped_bytes == 0
     free_after = cupy.cuda.runtime.memGetInfo()[0]
     assert free_after >= free_before - 4 * g  # unmapped memory went back to the device
