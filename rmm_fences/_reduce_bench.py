@@ -77,44 +77,49 @@ def copy_bandwidth(cupy, stream, nbytes=1 << 30):
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
-def p5(cupy):
+def seed_loop_us(cupy, stream, x, out, mr, iters, rounds=5) -> float:
+    """Microseconds per call of the seed's loop on ``stream`` (``mr=None``: the floor, the
+    reducer called directly on a buffer allocated once)."""
     from rmm_fences import reduce as rf
     from rmm_fences._streams import StreamHandle
 
+    n = x.size
+    if mr is None:
+        init = np.zeros(1, dtype=out.dtype)
+        reducer, op = rf._reducer(x, out, "sum", init, x.dtype, out.dtype)
+        reducer = reducer.fn  # the floor calls cuda.compute directly
+        cc_stream = StreamHandle(stream.ptr)
+        nbytes = reducer(temp_storage=None, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
+                         stream=cc_stream)
+        pre = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
+        tmp = rf.TempStorage(pre.data.ptr, max(nbytes, 1))
+
+        def fn():
+            reducer(temp_storage=tmp, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
+                    stream=cc_stream)
+    else:
+        def fn():
+            rf.device_sum(x, out, mr=mr, stream=stream)
+    fn()  # warm up (and JIT)
+    stream.synchronize()
+    us = _time_calls(cupy, stream, fn, iters, rounds)
+    got, ref = float(out.get()[0]), float(x.astype(cupy.float64).sum().get())
+    if not np.isclose(got, ref, rtol=1e-3, atol=1e-2):
+        raise AssertionError(f"seed loop over {mr!r}: wrong sum {got} vs {ref}")
+    return us
+
+
+def p5(cupy):
     stream = cupy.cuda.Stream(non_blocking=True)
-    cc_stream = StreamHandle(stream.ptr)
     rng = cupy.random.RandomState(5)
     results = {}
     for label, n in SIZES.items():
         x = rng.standard_normal(n, dtype=cupy.float32)
         out = cupy.empty(1, dtype=cupy.float32)
         cupy.cuda.Device().synchronize()
-        init = np.zeros(1, dtype=np.float32)
-        reducer, op = rf._reducer(x, out, "sum", init, x.dtype, out.dtype)
-        reducer = reducer.fn  # the floor calls cuda.compute directly
-        nbytes = reducer(temp_storage=None, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
-                         stream=cc_stream)
-        pre = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
-        tmp = rf.TempStorage(pre.data.ptr, max(nbytes, 1))
-
-        def prealloc():
-            reducer(temp_storage=tmp, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
-                    stream=cc_stream)
-
         for name, mr in _chains().items():
-            if mr is None:
-                fn = prealloc
-            else:
-                def fn(mr=mr):
-                    rf.device_sum(x, out, mr=mr, stream=stream)
-            fn()  # warm up (and JIT)
-            stream.synchronize()
-            us = _time_calls(cupy, stream, fn, ITERS[label])
-            results[(label, name)] = us
-            got, ref = float(out.get()[0]), float(x.astype(cupy.float64).sum().get())
-            if not np.isclose(got, ref, rtol=1e-3, atol=1e-2):
-                raise AssertionError(f"P5 {label} {name}: wrong sum {got} vs {ref}")
-        del x, pre
+            results[(label, name)] = seed_loop_us(cupy, stream, x, out, mr, ITERS[label])
+        del x
     return results
 
 

@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The command line without a GPU: help, spec errors, the no-GPU exit, the doctor's report."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rmm_fences._cuda import device_count
+from rmm_fences._doctor import CHAINS, SCENARIOS, Cell, table, to_json
+
+COMMANDS = ("doctor", "reduce", "bench", "demo", "pool-bench", "reduce-bench", "tracking-bench")
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-P", "-m", "rmm_fences", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_works_everywhere(command):
+    res = cli(command, "--help")
+    assert res.returncode == 0 and "usage: rmm-fences " + command in res.stdout
+
+
+def test_console_script_is_declared():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "rmm-fences"]
+    assert ep.value == "rmm_fences.__main__:main"
+
+
+@pytest.mark.parametrize("args", [("reduce", "--resource", "poool(cuda)"),
+                                  ("bench", "--resource", "cuda", "--resource", "pool")])
+def test_bad_specs_exit_2_with_the_caret(args):
+    res = cli(*args)
+    assert res.returncode == 2
+    assert "bad --resource" in res.stderr and "^" in res.stderr
+
+
+@pytest.mark.parametrize("args", [("doctor", "--trials", "0"), ("reduce", "--n", "lots")])
+def test_bad_numbers_are_usage_errors(args):
+    res = cli(*args)
+    assert res.returncode == 2 and "error: argument" in res.stderr
+
+
+@pytest.mark.skipif(device_count() > 0, reason="checks the message shown where no GPU is present")
+@pytest.mark.parametrize("command", COMMANDS)
+def test_without_a_gpu_every_command_says_so_and_exits_2(command):
+    res = cli(command)
+    assert res.returncode == 2
+    assert f"rmm-fences {command}: no CUDA device" in res.stderr
+    assert "needs a CUDA GPU" in res.stderr
+
+
+def sample_cells():
+    return [
+        Cell("naive_cache(cuda)", "cross_stream_reuse", 20, corrupted=19, free_us=0.9),
+        Cell("naive_cache(cuda)", "free_in_flight", 20, free_us=0.8),
+        Cell("vmm_unmap(reserve_size=16GiB)", "free_in_flight", 20,
+             crashed="cudaErrorIllegalAddress: an illegal memory access was encountered"),
+        Cell("tracking(naive_cache(cuda), on_hazard=record)", "cross_stream_reuse", 20,
+             corrupted=20, hazards=("freed_in_flight", "reuse_before_fence"), free_us=2.5),
+    ]
+
+
+def test_doctor_labels_table_and_json():
+    cells = sample_cells()
+    assert [c.outcome for c in cells] == ["corrupted", "correct", "crashed", "corrupted"]
+    assert cells[0].label() == "corrupted 19/20"
+    assert cells[2].label() == "crashed (cudaErrorIllegalAddress)"
+    assert cells[3].label() == "corrupted 20/20 + freed_in_flight,reuse_before_fence"
+    text = table(cells)
+    assert "naive_cache(cuda)" in text and "crashed (cudaErrorIllegalAddress)" in text
+    assert text.splitlines()[0].startswith("chain")
+    data = json.loads(json.dumps(to_json(cells, device="test", trials=20)))
+    assert data["device"] == "test" and len(data["cells"]) == 4
+    assert data["cells"][2]["outcome"] == "crashed" and data["cells"][0]["corrupted"] == 19
+
+
+def test_doctor_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rmm_fences._doctor import plot
+
+    path = tmp_path / "matrix.png"
+    plot(sample_cells(), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_matrix_covers_every_chain_of_the_issue():
+    assert SCENARIOS == ("same_stream_reuse", "cross_stream_reuse", "free_in_flight")
+    names = " ".join(CHAINS)
+    for name in ("cuda", "cuda_async", "rmm_pool", "naive_cache", "vmm_unmap", "pool(",
+                 "tracking(naive_cache"):
+        assert name in names
+    for mode in ("device", "stream", "deferred"):
+        assert f"sync_on_free(naive_cache(cuda), mode={mode})" in CHAINS
+        assert f"sync_on_free(vmm_unmap(reserve_size=16GiB), mode={mode})" in CHAINS
