@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # make test : create .venv, install rmm_fences with its test extras, run the tests
 # make demo : same setup, then run the demo (needs a CUDA GPU; says so and exits 2 without one)
+# make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmm_fences-installed
-SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences -name '*.py' -o -name '*.pyx' -o -name '*.pyi' -o -name '*.hpp')
+SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp')
 
-.PHONY: test demo install clean
+.PHONY: test demo bench install clean
 
 install: $(STAMP)
 
@@ -20,9 +21,15 @@ $(STAMP): $(SOURCES)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	cd asv_bench && ../$(VENV)/bin/asv check --python=same  # a broken benchmark fails here
 
 demo: $(STAMP)
 	$(PY) -P -m rmm_fences demo  # -P: the source tree must not shadow the installed package
+
+bench: $(STAMP)
+	cd asv_bench && ../$(VENV)/bin/asv machine --yes \
+	  && ../$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) \
+	  && ../$(VENV)/bin/asv publish
 
 clean:
 	rm -rf $(VENV) build

@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: Apache-2.0
+"""allocate + deallocate per chain: from Python (time_) and in the native C++ loop (track_)."""
+
+from ._common import CHAINS, make, require_gpu, streams
+
+SIZES = [256, 1 << 20, 64 << 20]
+
+
+class AllocFree:
+    params = [list(CHAINS), SIZES]
+    param_names = ["chain", "nbytes"]
+
+    def setup(self, chain, nbytes):
+        require_gpu()
+        self.mr = make(chain)
+        _, (self.stream,) = streams()
+
+    def time_python_pair(self, chain, nbytes):
+        self.mr.deallocate(self.mr.allocate(nbytes, self.stream), nbytes, self.stream)
+
+    def track_native_pair_ns(self, chain, nbytes):
+        from rmm_fences.bench import alloc_free_ns
+
+        return alloc_free_ns(self.mr, nbytes, 20000, self.stream)
+
+    track_native_pair_ns.unit = "ns"
+
+
+class DeferredFence:
+    """What a deferred free adds over the upstream's own pair (paired rounds, median)."""
+
+    params = [["cuda_async", "rmm_pool"]]
+    param_names = ["upstream"]
+
+    def setup(self, upstream):
+        require_gpu()
+        from rmm_fences import SyncOnFreeResourceAdaptor
+
+        self.upstream = make(upstream)
+        self.adaptor = SyncOnFreeResourceAdaptor(self.upstream, mode="deferred")
+
+    def track_cost_per_free_ns(self, upstream):
+        import statistics
+
+        from rmm_fences.bench import alloc_free_ns
+
+        over = [alloc_free_ns(self.adaptor, 1 << 20, 20000)
+                - alloc_free_ns(self.upstream, 1 << 20, 20000) for _ in range(5)]
+        self.adaptor.flush()
+        return statistics.median(over)
+
+    track_cost_per_free_ns.unit = "ns"

@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The seed's loop per chain and size (allocate CUB temp, reduce, free without a sync), with a
+preallocated temp buffer as the floor; and cupy.sum per CuPy allocator."""
+
+from ._common import CHAINS, make, require_gpu
+
+SIZES = [1 << 10, 1 << 20, 16 << 20, 256 << 20]
+CALLS = 20  # per timed call of time_seed_loop; the stream is synchronized after them
+
+
+class SeedLoop:
+    params = [["preallocated", *CHAINS], SIZES]
+    param_names = ["chain", "n"]
+    timeout = 300
+
+    def setup(self, chain, n):
+        require_gpu()
+        import cupy
+
+        from rmm_fences.reduce import device_sum
+
+        self.cupy = cupy
+        self.mr = None if chain == "preallocated" else make(chain)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.x = cupy.random.RandomState(n).standard_normal(n, dtype=cupy.float32)
+        self.out = cupy.empty(1, dtype=cupy.float32)
+        cupy.cuda.Device().synchronize()
+        if self.mr is None:
+            from rmm_fences._reduce_bench import seed_loop_us
+
+            self.floor_us = seed_loop_us(cupy, self.stream, self.x, self.out, None, 10, 1)
+        device_sum(self.x, self.out, mr=self.mr or _default(), stream=self.stream)
+        self.stream.synchronize()
+
+    def time_seed_loop(self, chain, n):
+        from rmm_fences.reduce import device_sum
+
+        mr = self.mr or _default()
+        for _ in range(CALLS):
+            device_sum(self.x, self.out, mr=mr, stream=self.stream)
+        self.stream.synchronize()
+
+    def track_bandwidth_gbs(self, chain, n):
+        from rmm_fences._reduce_bench import seed_loop_us
+
+        us = seed_loop_us(self.cupy, self.stream, self.x, self.out, self.mr, 50, 3)
+        return self.x.nbytes / (us * 1e-6) / 1e9
+
+    track_bandwidth_gbs.unit = "GB/s"
+
+
+def _default():
+    import rmm
+
+    return rmm.mr.get_current_device_resource()
+
+
+class CupySum:
+    params = [["cupy_pool", "CupyAllocator(rmm_fences_pool)", "CupyAllocator(cuda_async)",
+               "rmm_cupy_allocator"]]
+    param_names = ["allocator"]
+
+    def setup(self, allocator):
+        require_gpu()
+        import cupy
+        import rmm
+        from cupy._core import _accelerator
+
+        from rmm_fences.allocators.cupy import CupyAllocator
+
+        self.cupy = cupy
+        self.saved = (_accelerator.get_reduction_accelerators(),
+                      _accelerator.get_routine_accelerators(),
+                      rmm.mr.get_current_device_resource())
+        _accelerator.set_reduction_accelerators(["cub"])
+        _accelerator.set_routine_accelerators(["cub"])
+        pool = make("rmm_fences_pool")
+        rmm.mr.set_current_device_resource(pool)
+        from rmm.allocators.cupy import rmm_cupy_allocator
+
+        self.alloc = {"cupy_pool": cupy.cuda.MemoryPool().malloc,
+                      "CupyAllocator(rmm_fences_pool)": CupyAllocator(pool),
+                      "CupyAllocator(cuda_async)": CupyAllocator(make("cuda_async")),
+                      "rmm_cupy_allocator": rmm_cupy_allocator}[allocator]
+        self.x = cupy.random.RandomState(6).standard_normal(1 << 20, dtype=cupy.float32)
+        cupy.cuda.Device().synchronize()
+
+    def teardown(self, allocator):
+        import rmm
+        from cupy._core import _accelerator
+
+        _accelerator.set_reduction_accelerators(self.saved[0])
+        _accelerator.set_routine_accelerators(self.saved[1])
+        rmm.mr.set_current_device_resource(self.saved[2])
+
+    def time_cupy_sum(self, allocator):
+        with self.cupy.cuda.using_allocator(self.alloc):
+            for _ in range(20):
+                self.x.sum()
+        self.cupy.cuda.Device().synchronize()
