@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# make test : create .venv, install rmm_fences with its test extras, run the tests
+# make test : create .venv, install rmm_fences with its test and dask extras, run the tests
 # make demo : same setup, then run the demo (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
 
@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet ".[test]"
+	$(PY) -m pip install --quiet ".[test,dask]"
 	touch $@
 
 test: $(STAMP)

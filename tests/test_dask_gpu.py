@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rmm_fences chains on a dask-cuda cluster: a 4+ GB CuPy reduction with the plugin."""
+
+import pytest
+
+from rmm_fences._cuda import device_count
+
+pytestmark = pytest.mark.gpu
+
+
+def test_local_cuda_cluster_with_the_plugin():
+    pytest.importorskip("dask_cuda")
+    import cupy
+    import dask.array as da
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    from rmm_fences.dask import FencesPlugin, gather_stats
+
+    workers = min(2, device_count())
+    with LocalCUDACluster(n_workers=workers, threads_per_worker=1) as cluster, \
+            Client(cluster) as client:
+        client.register_plugin(FencesPlugin("tracking(pool(cuda_async), on_hazard=record)",
+                                            cupy_allocator=True))
+        n, period = 1 << 29, 1_000_003  # 4 GiB of float64
+        x = da.arange(n, chunks=n // (8 * workers), dtype="float64").map_blocks(
+            cupy.asarray)
+        values = x % period  # real, varying data; the exact sum is known in closed form
+        got = float(values.sum().compute())
+        full, rest = divmod(n, period)
+        expected = full * period * (period - 1) / 2 + rest * (rest - 1) / 2
+        assert got == expected
+        stats = gather_stats(client)
+    print(f"\n{workers} worker(s): {stats}")
+    assert len(stats) == workers
+    for address, entry in stats.items():
+        tracker = entry["chain"][0]
+        assert entry["spec"].startswith("tracking(")
+        assert tracker["peak_bytes"] > 0, address  # allocations went through the chain
+        assert tracker["hazards"] == [], address
