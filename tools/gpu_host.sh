@@ -3,6 +3,9 @@
 #   bash tools/gpu_host.sh [pytest args...]
 # Installs the pinned wheels and the rmm_fences wheel built on the CPU machine, runs the whole
 # test suite (GPU tests included) and the demo; logs go to $OUT when it is set.
+# Switches (environment): SKIP_BENCH (no demo, no pool-bench), SKIP_TRACKING_BENCH,
+# REDUCE_BENCH (P5/P6), DOCTOR (doctor --quick with JSON and PNG), ASV=<commit hash> (the asv
+# suite; results copied to $OUT/asv-results for `asv publish` where the git repo is).
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -19,6 +22,15 @@ rc=${PIPESTATUS[0]}
 [ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences pool-bench 2>&1 | tee "$out/pool-bench.log"
 [ -z "${SKIP_TRACKING_BENCH:-}" ] && python3 -P -m rmm_fences tracking-bench 2>&1 | tee "$out/tracking-bench.log"
 [ -n "${REDUCE_BENCH:-}" ] && python3 -P -m rmm_fences reduce-bench 2>&1 | tee "$out/reduce-bench.log"
+if [ -n "${DOCTOR:-}" ]; then
+  python3 -P -m rmm_fences doctor --quick --json "$out/doctor.json" --plot "$out/doctor.png" 2>&1 \
+    | tee "$out/doctor.log"
+fi
+if [ -n "${ASV:-}" ]; then
+  (cd asv_bench && asv machine --yes --machine h200 >/dev/null \
+     && asv run --python=same --machine h200 --set-commit-hash "$ASV" --show-stderr 2>&1 \
+     | tail -40 && mkdir -p "$out/asv-results" && cp -r results/. "$out/asv-results/")
+fi
 echo "pytest exit code: $rc"
 grep -E "^(=+ .*(passed|failed|error).* =+)$" "$out/pytest.log" | tail -1
 exit "$rc"
