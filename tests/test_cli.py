@@ -97,3 +97,12 @@ def test_the_matrix_covers_every_chain_of_the_issue():
     for mode in ("device", "stream", "deferred"):
         assert f"sync_on_free(naive_cache(cuda), mode={mode})" in CHAINS
         assert f"sync_on_free(vmm_unmap(reserve_size=16GiB), mode={mode})" in CHAINS
+
+
+@pytest.mark.skipif(device_count() > 0, reason="a child without a GPU must fail to run a cell")
+def test_a_child_that_dies_reads_as_a_crash():
+    from rmm_fences._doctor import run_cell_in_child
+
+    cell = run_cell_in_child("cuda", "free_in_flight", 1)
+    assert cell.outcome == "crashed" and cell.crashed
+    assert cell.label().startswith("crashed (")
