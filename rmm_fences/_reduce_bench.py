@@ -77,9 +77,9 @@ def copy_bandwidth(cupy, stream, nbytes=1 << 30):
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
-def seed_loop_us(cupy, stream, x, out, mr, iters, rounds=5) -> float:
-    """Microseconds per call of the seed's loop on ``stream`` (``mr=None``: the floor, the
-    reducer called directly on a buffer allocated once)."""
+def seed_loop_fn(cupy, stream, x, out, mr):
+    """One call of the seed's loop on ``stream``, as a function of no argument (``mr=None``: the
+    floor, the reducer called directly on a buffer allocated once)."""
     from rmm_fences import reduce as rf
     from rmm_fences._streams import StreamHandle
 
@@ -97,9 +97,15 @@ def seed_loop_us(cupy, stream, x, out, mr, iters, rounds=5) -> float:
         def fn():
             reducer(temp_storage=tmp, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
                     stream=cc_stream)
-    else:
-        def fn():
-            rf.device_sum(x, out, mr=mr, stream=stream)
+
+        fn.buffer = pre  # the preallocated temp lives as long as the function
+        return fn
+    return lambda: rf.device_sum(x, out, mr=mr, stream=stream)
+
+
+def seed_loop_us(cupy, stream, x, out, mr, iters, rounds=5) -> float:
+    """Microseconds per call of the seed's loop on ``stream`` (``mr=None``: the floor)."""
+    fn = seed_loop_fn(cupy, stream, x, out, mr)
     fn()  # warm up (and JIT)
     stream.synchronize()
     us = _time_calls(cupy, stream, fn, iters, rounds)

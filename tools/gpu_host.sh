@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null || which compute-sanitizer || echo "no compute-sanitizer"
 python3 -P -c "import rmm, cupy, rmm_fences; print('rmm', rmm.__version__, 'cupy', cupy.__version__, 'rmm_fences', rmm_fences.__version__)"
 # -P: the source tree (without the compiled extension) must not shadow the installed package.
-python3 -P -m pytest -p no:cacheprovider -rs -s "$@" 2>&1 | tee "$out/pytest.log" | grep -v "^$"
+[ -z "${SKIP_TESTS:-}" ] && python3 -P -m pytest -p no:cacheprovider -rs -s "$@" 2>&1 | tee "$out/pytest.log" | grep -v "^$"
 rc=${PIPESTATUS[0]}
 [ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences demo 2>&1 | tee "$out/demo.log"
 [ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences pool-bench 2>&1 | tee "$out/pool-bench.log"
@@ -31,15 +31,17 @@ if [ -n "${ASV:-}" ]; then
   # .gitbundle/head.bundle HEAD` and rebuild one here. Results are saved per asv invocation, so
   # each benchmark module runs on its own, within ASV_DEADLINE seconds of the script's start;
   # a later call resumes (--skip-existing-successful; results/ is kept while the machine is warm).
-  [ -d .git ] || { git init -q && git fetch -q .gitbundle/head.bundle HEAD \
-    && git update-ref refs/heads/main FETCH_HEAD && git symbolic-ref HEAD refs/heads/main; }
-  (cd asv_bench && asv machine --yes --machine h200 >/dev/null
+  [ -d .git ] || git init -q
+  git fetch -q .gitbundle/head.bundle HEAD && git update-ref refs/heads/asv-bench FETCH_HEAD \
+    && rm -rf asv_bench/rmm_fences  # asv's mirror of the repo, cloned again with the commit
+  export ASV_PYTHONPATH=$PYTHONPATH  # asv drops PYTHONPATH in what it spawns, not this one
+  (cd asv_bench && python3 -m asv machine --yes --machine h200 >/dev/null
    for bench in ${ASV_BENCHES:-alloc_free throughput high_water reduce}; do
      left=$(( ${ASV_DEADLINE:-560} - SECONDS ))
      if [ "$left" -lt 30 ]; then echo "asv: $bench not run (deadline)"; continue; fi
      echo "asv: $bench ($left s left)"
-     timeout "$left" asv run --python=same --machine h200 --set-commit-hash "$ASV" \
-       --skip-existing-successful --bench "^$bench\." --show-stderr 2>&1 | tail -60
+     timeout "$left" python3 -m asv run --python=same --machine h200 --set-commit-hash "$ASV" \
+       --skip-existing-successful ${ASV_ARGS:-} --bench "^$bench" --show-stderr 2>&1 | tail -60
    done
    mkdir -p "$out/asv-results" && cp -r results/. "$out/asv-results/")
 fi

@@ -17,7 +17,7 @@ class SeedLoop:
         require_gpu()
         import cupy
 
-        from rmm_fences.reduce import device_sum
+        from rmm_fences._reduce_bench import seed_loop_fn
 
         self.cupy = cupy
         self.mr = None if chain == "preallocated" else make(chain)
@@ -25,19 +25,14 @@ class SeedLoop:
         self.x = cupy.random.RandomState(n).standard_normal(n, dtype=cupy.float32)
         self.out = cupy.empty(1, dtype=cupy.float32)
         cupy.cuda.Device().synchronize()
-        if self.mr is None:
-            from rmm_fences._reduce_bench import seed_loop_us
-
-            self.floor_us = seed_loop_us(cupy, self.stream, self.x, self.out, None, 10, 1)
-        device_sum(self.x, self.out, mr=self.mr or _default(), stream=self.stream)
+        # preallocated: cuda.compute's reducer on a temp buffer allocated once (the floor)
+        self.fn = seed_loop_fn(cupy, self.stream, self.x, self.out, self.mr)
+        self.fn()  # warm up (JIT, CUB's temp size)
         self.stream.synchronize()
 
     def time_seed_loop(self, chain, n):
-        from rmm_fences.reduce import device_sum
-
-        mr = self.mr or _default()
         for _ in range(CALLS):
-            device_sum(self.x, self.out, mr=mr, stream=self.stream)
+            self.fn()
         self.stream.synchronize()
 
     def track_bandwidth_gbs(self, chain, n):
@@ -47,12 +42,6 @@ class SeedLoop:
         return self.x.nbytes / (us * 1e-6) / 1e9
 
     track_bandwidth_gbs.unit = "GB/s"
-
-
-def _default():
-    import rmm
-
-    return rmm.mr.get_current_device_resource()
 
 
 class CupySum:
