@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # make test : create .venv, install rmm_fences with its test and dask extras, run the tests
-# make demo : same setup, then run the demo (needs a CUDA GPU; says so and exits 2 without one)
+# make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the seed's reduce
+#             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
 
 PYTHON ?= python3
@@ -23,8 +24,10 @@ test: $(STAMP)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	cd asv_bench && ../$(VENV)/bin/asv check --python=same  # a broken benchmark fails here
 
-demo: $(STAMP)
-	$(PY) -P -m rmm_fences demo  # -P: the source tree must not shadow the installed package
+demo: $(STAMP)  # -P: the source tree must not shadow the installed package
+	$(PY) -P -m rmm_fences doctor --quick
+	$(PY) -P -m rmm_fences reduce --resource "sync_on_free(naive_cache(cuda), mode=deferred)" \
+	  --n 16777216 --iters 200
 
 bench: $(STAMP)
 	cd asv_bench && ../$(VENV)/bin/asv machine --yes \

@@ -1,0 +1,42 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``rmm-fences reduce`` and ``rmm-fences bench`` on a GPU: they run, check and report."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def cli(*args):
+    res = subprocess.run([sys.executable, "-P", "-m", "rmm_fences", *args],
+                         capture_output=True, text=True, timeout=300)
+    print("\n" + res.stdout + res.stderr[-2000:])
+    return res
+
+
+@pytest.mark.parametrize("spec", ["pool(cuda)", "sync_on_free(naive_cache(cuda), mode=deferred)"])
+def test_reduce_reports_time_bandwidth_and_the_floor(spec):
+    # an odd length of fresh random data; a wrong sum raises in the child (non-zero exit)
+    res = cli("reduce", "--resource", spec, "--n", "1048583", "--iters", "200")
+    assert res.returncode == 0
+    m = re.search(r"(\d+\.\d+) us per call, (\d+\.\d+) GB/s, (\d+\.\d+)x the preallocated "
+                  r"temp buffer \((\d+\.\d+) us\)", res.stdout)
+    assert m, res.stdout
+    us, gbs, ratio, floor = map(float, m.groups())
+    assert us > 0 and gbs > 0 and floor > 0
+    assert ratio == pytest.approx(us / floor, rel=0.01)
+
+
+def test_bench_reports_a_row_per_spec():
+    specs = ["pool(cuda)", "cuda_async", "rmm_pool(cuda, initial_pool_size=256MiB)"]
+    args = [a for s in specs for a in ("--resource", s)]
+    res = cli("bench", *args, "--nbytes", "1MiB", "--iters", "2000")
+    assert res.returncode == 0
+    for spec in specs:
+        row = [line for line in res.stdout.splitlines() if line.startswith(spec + " ")]
+        assert len(row) == 1, res.stdout
+        py_us, native_ns = map(float, row[0][len(spec):].split())
+        assert py_us > 0 and native_ns > 0
