@@ -52,7 +52,8 @@ def table(title, header, rows):
     return "\n".join(out) + "\n"
 
 
-def per_size(values, name, scale, peers, label, unit, commit, higher_is_better=False):
+def per_size(values, name, scale, peers, label, unit, commit, higher_is_better=False,
+             suffix="B"):
     """Rows chain x size, each cell 'value (ratio to each peer)'."""
     data = values.get(name)
     if not data:
@@ -71,38 +72,47 @@ def per_size(values, name, scale, peers, label, unit, commit, higher_is_better=F
             ratios = []
             for p in peers:
                 ref = data.get((p, s))
-                if ref and c != p:
+                if c == p:
+                    ratios.append("1x" if len(peers) > 1 else "")
+                elif ref:
                     r = (ref * scale) / v if higher_is_better else v / (ref * scale)
                     ratios.append(f"{r:.2f}x")
-            cells.append(fmt(v) + (f" ({', '.join(ratios)})" if ratios else ""))
+                else:
+                    ratios.append("n/a")
+            ratios = [r for r in ratios if r]
+            cells.append(fmt(v) + (f" ({' / '.join(ratios)})" if ratios else ""))
         rows.append([f"`{c}`", *cells])
-    return table(f"{label} ({unit}; commit {commit})", ["chain", *[_size(s) for s in sizes]], rows)
+    header = ["chain", *[_size(s, suffix) for s in sizes]]
+    return table(f"{label} ({unit}; commit {commit})", header, rows)
 
 
-def _size(s: str) -> str:
+def _size(s: str, suffix: str = "B") -> str:
+    """'1048576' -> '1 MiB' (bytes) or '1 Mi' (an element count, suffix "")."""
     n = int(s)
     for unit, k in (("Mi", 1 << 20), ("Ki", 1 << 10)):
         if n >= k and n % k == 0:
-            return f"{n // k} {unit}"
-    return str(n)
+            return f"{n // k} {unit}{suffix}"
+    return f"{n} {suffix}".strip()
 
 
 def report(values, commits) -> str:
     parts = []
     b = "alloc_free.AllocFree.track_native_pair_ns"
     parts.append(per_size(values, b, 1.0, PEERS, "Native allocate + deallocate, ns per pair "
-                          "(ratio to rmm_pool, cuda_async; lower is better)", "ns",
+                          "(ratio to rmm_pool / to cuda_async; lower is better)", "ns",
                           commits.get(b)))
     b = "alloc_free.AllocFree.time_python_pairs"
     parts.append(per_size(values, b, 1e6 / PAIRS, PEERS, "Python allocate + deallocate, us per "
-                          "pair (ratio to rmm_pool, cuda_async)", "us", commits.get(b)))
+                          "pair (ratio to rmm_pool / to cuda_async)", "us", commits.get(b)))
     b = "reduce.SeedLoop.time_seed_loop"
-    parts.append(per_size(values, b, 1e6 / CALLS, ("preallocated",), "The seed's loop, us per "
-                          "call (ratio to the preallocated temp buffer)", "us", commits.get(b)))
+    parts.append(per_size(values, b, 1e6 / CALLS, ("preallocated",), "The seed's loop over n "
+                          "float32, us per call (ratio to the preallocated temp buffer)", "us",
+                          commits.get(b), suffix=""))
     b = "reduce.SeedLoop.track_bandwidth_gbs"
-    parts.append(per_size(values, b, 1.0, ("preallocated",), "The seed's loop, achieved "
-                          "bandwidth (ratio of the preallocated buffer's time to this one)",
-                          "GB/s", commits.get(b), higher_is_better=True))
+    parts.append(per_size(values, b, 1.0, ("preallocated",), "The seed's loop over n "
+                          "float32, achieved bandwidth (in brackets: its time per call over the "
+                          "preallocated buffer's)", "GB/s", commits.get(b), higher_is_better=True,
+                          suffix=""))
     for b, label, unit, scale, peer in (
             ("throughput.RandomAllocations.track_ops_per_s", "Random allocations (RMM's "
              "RANDOM_ALLOCATIONS shape), ops/s, speed-up over rmm_pool", "ops/s", 1.0,
@@ -124,8 +134,9 @@ def report(values, commits) -> str:
                 ratio = f"{v / ref:.2f}x"
             else:
                 ratio = ""
-            rows.append([f"`{k}`", fmt(v * scale), ratio])
-        parts.append(table(f"{label} ({unit}; commit {commits[b]})", ["", unit, "ratio"], rows))
+            rows.append([f"`{k}`", fmt(v * scale), ratio][:3 if peer else 2])
+        header = ["", unit, "ratio"][:3 if peer else 2]
+        parts.append(table(f"{label} ({unit}; commit {commits[b]})", header, rows))
     b = "throughput.Threads.track_pairs_per_s"
     data = values.get(b)
     if data:
@@ -153,7 +164,7 @@ def charts(values, png_dir: str) -> list[str]:
     width = 0.8 / max(len(sizes), 1)
     for i, s in enumerate(sizes):
         axes[0].bar([j + i * width for j in range(len(chains))],
-                    [data.get((c, s), 0) for c in chains], width, label=_size(s) + "B")
+                    [data.get((c, s), 0) for c in chains], width, label=_size(s))
     axes[0].set_xticks([j + width for j in range(len(chains))], chains, rotation=30, ha="right",
                        fontsize=8)
     axes[0].set_yscale("log")
@@ -166,7 +177,7 @@ def charts(values, png_dir: str) -> list[str]:
     for i, s in enumerate(sizes):
         floor = data.get(("preallocated", s))
         axes[1].bar([j + i * width for j in range(len(chains))],
-                    [data.get((c, s), 0) / floor for c in chains], width, label=_size(s))
+                    [data.get((c, s), 0) / floor for c in chains], width, label=_size(s, ""))
     axes[1].axhline(1.0, color="black", linewidth=0.8)
     axes[1].set_xticks([j + 1.5 * width for j in range(len(chains))], chains, rotation=30,
                        ha="right", fontsize=8)
