@@ -20,34 +20,50 @@
 
 namespace rmm_fences::detail {
 
+/// What a non-blocking test of a fence found.
+enum class fence_state : int {
+  complete = 0,  ///< the work before the record ran
+  pending  = 1,  ///< not yet
+  failed   = 2,  ///< the test itself failed (no information): never read as complete
+};
+
 /**
- * @brief Fence operations over CUDA events, for `deferred_free_list`.
+ * @brief Fence operations over CUDA events, for `deferred_free_list` and the tracker.
  *
- * An event reports ready when `cudaEventQuery` succeeds. Any error other than "not ready"
- * (a dead context, say) also counts as ready: waiting cannot make such an event complete.
+ * Every call runs in relaxed capture mode: while another thread captures in the global mode
+ * (the default of `cudaStreamBeginCapture` and `torch.cuda.graph`), an event query or sync from
+ * this thread would otherwise fail and invalidate that capture. An error is never read as
+ * "complete": `query` says `failed`, `ready` false and `wait` false, so no caller may release
+ * a block or count a check on it.
  */
 struct cuda_event_fence_ops {
   using fence_type = cudaEvent_t;
 
-  static bool ready(cudaEvent_t event) noexcept
+  static fence_state query(cudaEvent_t event) noexcept
   {
-    if (auto const query = driver_api::get().event_query; query != nullptr) {
-      auto const result = query(event);
-      if (result == CUDA_SUCCESS) { return true; }
-      if (result == CUDA_ERROR_NOT_READY) { return false; }
-      // anything else (no current context, say): ask the runtime, which reports it properly
+    relaxed_capture_scope relaxed;
+    if (auto const q = driver_api::get().event_query; q != nullptr) {
+      auto const result = q(event);
+      if (result == CUDA_SUCCESS) { return fence_state::complete; }
+      if (result == CUDA_ERROR_NOT_READY) { return fence_state::pending; }
+      // anything else (no current context, say): ask the runtime, which sets one up
     }
     auto const status = cudaEventQuery(event);
-    if (status == cudaErrorNotReady) {
-      return false;
-    }
-    if (status != cudaSuccess) { (void)cudaGetLastError(); }
-    return true;
+    if (status == cudaSuccess) { return fence_state::complete; }
+    (void)cudaGetLastError();
+    return status == cudaErrorNotReady ? fence_state::pending : fence_state::failed;
   }
 
-  static void wait(cudaEvent_t event) noexcept
+  /// True only when the event is known to have completed.
+  static bool ready(cudaEvent_t event) noexcept { return query(event) == fence_state::complete; }
+
+  /// Blocks until the event completed; false when the wait failed (nothing is known then).
+  static bool wait(cudaEvent_t event) noexcept
   {
-    if (cudaEventSynchronize(event) != cudaSuccess) { (void)cudaGetLastError(); }
+    relaxed_capture_scope relaxed;
+    if (cudaEventSynchronize(event) == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
   }
 };
 
