@@ -1,7 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
+import os
+
 import pytest
 
 from rmm_fences._cuda import device_count, no_device_reason
+
+#: Set to 1 on a GPU host: a ``gpu`` test that skips (no device found, or a skip at run time)
+#: fails instead, so a run cannot pass with GPU tests quietly left out.
+REQUIRE_GPU = "RMM_FENCES_REQUIRE_GPU"
+
+
+def _gpu_required() -> bool:
+    return os.environ.get(REQUIRE_GPU, "") == "1"
+
+
+def _is_gpu_test(item) -> bool:
+    # the marker, not item.keywords: keywords hold every parent's name (a checkout in a
+    # directory named "gpu" would match)
+    return item.get_closest_marker("gpu") is not None
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -9,8 +32,32 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {no_device_reason()}")
     for item in items:
-        if "gpu" in item.keywords:
+        if _is_gpu_test(item):
             item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if (report.skipped and not hasattr(report, "wasxfail") and _is_gpu_test(item)
+            and _gpu_required()):
+        report.outcome = "failed"
+        report.longrepr = (f"gpu test skipped while {REQUIRE_GPU}=1 (a GPU host run may skip "
+                           f"no gpu test): {_skip_reason(report)}")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    # a GPU test module skipped as a whole (pytest.importorskip or pytest.skip at module level)
+    if (report.skipped and isinstance(collector, pytest.Module)
+            and collector.path.name.endswith("_gpu.py") and _gpu_required()):
+        report.outcome = "failed"
+        report.longrepr = (f"gpu test module {collector.path.name} skipped while "
+                           f"{REQUIRE_GPU}=1 (a GPU host run may skip no gpu test): "
+                           f"{_skip_reason(report)}")
 
 
 @pytest.fixture(scope="session")

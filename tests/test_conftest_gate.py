@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tests/conftest.py's gate: under RMM_FENCES_REQUIRE_GPU=1 a ``gpu`` test that skips fails.
+
+Runs the repository's conftest against small generated test files (pytester, in process), with
+the device probe patched to "no device" where the case needs it, so it runs the same on a
+machine with or without a GPU.
+"""
+
+import pathlib
+
+import pytest
+
+import rmm_fences._cuda
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = (pathlib.Path(__file__).parent / "conftest.py").read_text()
+INI = """
+[pytest]
+markers =
+    gpu: needs a CUDA device
+"""
+
+GPU_TESTS = """
+import pytest
+
+@pytest.mark.gpu
+def test_on_the_gpu():
+    pass
+
+@pytest.mark.gpu
+def test_skips_at_run_time():
+    pytest.skip("compute-sanitizer is not installed")
+
+def test_on_the_cpu():
+    pass
+
+def test_cpu_skip():
+    pytest.skip("a cpu test may skip")
+
+@pytest.mark.gpu
+@pytest.mark.xfail(reason="expected", strict=True)
+def test_gpu_xfail():
+    assert False
+"""
+
+
+@pytest.fixture
+def gate(pytester, monkeypatch):
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini(INI)
+    monkeypatch.delenv("RMM_FENCES_REQUIRE_GPU", raising=False)
+    return pytester
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    monkeypatch.setattr(rmm_fences._cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(rmm_fences._cuda, "no_device_reason", lambda: "no CUDA device found")
+
+
+def test_without_the_variable_gpu_tests_skip_where_no_device_is_found(gate, no_device):
+    gate.makepyfile(test_sample_gpu=GPU_TESTS)
+    result = gate.runpytest("-rs")
+    result.assert_outcomes(passed=1, skipped=4)  # the xfail test is skipped before it runs
+    result.stdout.fnmatch_lines(["*needs a CUDA GPU: no CUDA device found*"])
+
+
+def test_under_the_variable_a_gpu_test_without_a_device_fails(gate, no_device, monkeypatch):
+    monkeypatch.setenv("RMM_FENCES_REQUIRE_GPU", "1")
+    gate.makepyfile(test_sample_gpu=GPU_TESTS)
+    result = gate.runpytest("-rA")
+    # every gpu test fails in setup (an error); cpu tests pass or skip as before
+    result.assert_outcomes(passed=1, skipped=1, errors=3)
+    result.stdout.fnmatch_lines([
+        "*gpu test skipped while RMM_FENCES_REQUIRE_GPU=1*needs a CUDA GPU: no CUDA device*"])
+    assert result.ret != 0
+
+
+def test_under_the_variable_a_run_time_skip_of_a_gpu_test_fails(gate, monkeypatch):
+    monkeypatch.setattr(rmm_fences._cuda, "device_count", lambda: 1)  # as on the GPU host
+    monkeypatch.setenv("RMM_FENCES_REQUIRE_GPU", "1")
+    gate.makepyfile(test_sample_gpu=GPU_TESTS)
+    result = gate.runpytest("-rA")
+    result.assert_outcomes(passed=2, failed=1, skipped=1, xfailed=1)
+    result.stdout.fnmatch_lines([
+        "*test_skips_at_run_time*",
+        "*gpu test skipped while RMM_FENCES_REQUIRE_GPU=1*compute-sanitizer is not installed*",
+    ])
+    assert result.ret != 0
+
+
+def test_run_time_skip_of_a_gpu_test_is_a_skip_without_the_variable(gate, monkeypatch):
+    monkeypatch.setattr(rmm_fences._cuda, "device_count", lambda: 1)
+    gate.makepyfile(test_sample_gpu=GPU_TESTS)
+    result = gate.runpytest()
+    result.assert_outcomes(passed=2, skipped=2, xfailed=1)
+    assert result.ret == 0
+
+
+def test_under_the_variable_a_skipped_gpu_module_fails(gate, monkeypatch):
+    monkeypatch.setattr(rmm_fences._cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("RMM_FENCES_REQUIRE_GPU", "1")
+    gate.makepyfile(test_other_gpu="""
+        import pytest
+        pytest.importorskip("a_module_that_is_not_installed")
+        pytestmark = pytest.mark.gpu
+
+        def test_never_collected():
+            pass
+    """, test_cpu="def test_cpu():\n    pass\n")
+    result = gate.runpytest()
+    result.stdout.fnmatch_lines([
+        "*test_other_gpu.py skipped while RMM_FENCES_REQUIRE_GPU=1*a_module_that_is_not_installed*"])
+    assert result.ret != 0
+    monkeypatch.delenv("RMM_FENCES_REQUIRE_GPU")
+    result = gate.runpytest()
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == 0
