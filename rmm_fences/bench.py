@@ -1,5 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Timing helpers for any rmm ``DeviceMemoryResource``."""
+"""Timing and stress helpers for any rmm ``DeviceMemoryResource``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
 
 import rmm  # noqa: F401
 
@@ -10,11 +15,101 @@ from rmm_fences._lib.memory_resource import (
     threaded_alloc_free,
     threaded_stream_queries,
 )
+from rmm_fences._lib.memory_resource import stress as _native_stress
 
 __all__ = [
+    "STRESS_KERNELS",
     "alloc_free_ns",
     "fence_call_ns",
     "random_allocations",
+    "stress",
     "threaded_alloc_free",
     "threaded_stream_queries",
 ]
+
+#: The fill and check kernels of :func:`stress` (CUDA C++, compiled with NVRTC through CuPy).
+#: Word ``i`` of a block with key ``k`` holds ``fmix32(k ^ (i * 0x9E3779B9))``: no two blocks
+#: and no two words of one block share a pattern, and zero is no valid fill.
+STRESS_KERNELS = r"""
+__device__ __forceinline__ unsigned int stress_word(unsigned int key, unsigned long long i)
+{
+    unsigned int h = key ^ (unsigned int)(i * 0x9E3779B9ull) ^ (unsigned int)(i >> 32);
+    h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;
+    return h;
+}
+
+extern "C" __global__ void stress_fill(unsigned int* a, unsigned long long n, unsigned int key)
+{
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+         i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+        a[i] = stress_word(key, i);
+    }
+}
+
+extern "C" __global__ void stress_check(const unsigned int* a, unsigned long long n,
+                                        unsigned int key, unsigned long long* errors)
+{
+    unsigned long long bad = 0;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+         i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+        bad += (a[i] != stress_word(key, i));
+    }
+    if (bad) { atomicAdd(errors, bad); }
+}
+"""
+
+
+@functools.cache
+def _stress_kernels(device: int):
+    import cupy
+
+    with cupy.cuda.Device(device):
+        module = cupy.RawModule(code=STRESS_KERNELS)
+        fill, check = module.get_function("stress_fill"), module.get_function("stress_check")
+        # RawKernel.kernel is a cupy.cuda.function.Function; .ptr is its CUfunction (loaded
+        # in the device's primary context, which the stress threads make current)
+        return fill, check, fill.kernel.ptr, check.kernel.ptr
+
+
+def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
+           max_bytes: int | str = "4MiB", max_live: int = 32, seed: int = 0) -> dict:
+    """Multi-threaded data-checking stress of ``mr`` (needs CuPy and a GPU).
+
+    One C++ thread per stream runs for ``seconds`` without the GIL: random allocations on its
+    stream, each filled by a kernel with a pattern of its own, some kept live across
+    iterations, every block checked by a kernel before it is freed (on its own stream, or on
+    another thread's stream after an event wait), out-of-memory counted and answered by freeing
+    half of the thread's live blocks. Another Python thread may call into ``mr`` meanwhile
+    (``release()`` of a pool, for instance).
+
+    Parameters
+    ----------
+    mr : DeviceMemoryResource
+        The resource under test.
+    streams : int or list
+        A number of new non-blocking CuPy streams to create, or the streams themselves (rmm,
+        CuPy, cuda.core or ``__cuda_stream__``); one thread each.
+    seconds, max_bytes, max_live, seed
+        As in ``rmm_fences._lib.memory_resource.stress``.
+
+    Returns the native counters (``iterations``, ``allocations``, ``bytes``,
+    ``cross_stream_frees``, ``out_of_memory``, ``checks``, ``seconds``) and ``errors``: the
+    words the check kernels found wrong. Any value but 0 means two users shared memory.
+    """
+    import cupy
+
+    if isinstance(streams, bool) or not isinstance(streams, (int, list, tuple)):
+        raise TypeError(f"streams must be a number of streams or a list of streams, "
+                        f"got {type(streams).__name__}")
+    if isinstance(streams, int):
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, got {streams}")
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(streams)]
+    _, _, fill, check = _stress_kernels(cupy.cuda.runtime.getDevice())
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    cupy.cuda.Device().synchronize()  # the counter is zero before any stream uses it
+    stats = _native_stress(mr, list(streams), seconds, fill_kernel=fill, check_kernel=check,
+                           errors=errors.data.ptr, max_bytes=max_bytes, max_live=max_live,
+                           seed=seed)
+    stats["errors"] = int(errors.get()[0])
+    return stats

@@ -70,6 +70,28 @@ def threaded_alloc_free(
     mr: DeviceMemoryResource, nbytes: int | str, iterations: int, streams: list[Any]
 ) -> float: ...
 
+class StressStats(TypedDict):
+    iterations: int
+    allocations: int
+    bytes: int
+    cross_stream_frees: int
+    out_of_memory: int
+    checks: int
+    seconds: float
+
+def stress(
+    mr: DeviceMemoryResource,
+    streams: list[Any],
+    seconds: float,
+    *,
+    fill_kernel: int,
+    check_kernel: int,
+    errors: int,
+    max_bytes: int | str = "4MiB",
+    max_live: int = 32,
+    seed: int = 0,
+) -> StressStats: ...
+
 class StreamOrderedPoolStats(TypedDict):
     current_bytes: int
     peak_bytes: int

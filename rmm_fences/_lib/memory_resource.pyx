@@ -69,6 +69,10 @@ cdef extern from "rmm_fences/naive_caching_memory_resource.hpp" \
         naive_caching_memory_resource_impl& get()
 
 
+cdef extern from "cuda.h" nogil:
+    ctypedef void* CUfunction "CUfunction"
+
+
 cdef extern from "rmm_fences/bench.hpp" namespace "rmm_fences::bench" nogil:
     double c_alloc_free_ns "rmm_fences::bench::alloc_free_ns"(
         device_async_resource_ref mr,
@@ -101,6 +105,20 @@ cdef extern from "rmm_fences/bench.hpp" namespace "rmm_fences::bench" nogil:
     double c_threaded_alloc_free_pairs "rmm_fences::bench::threaded_alloc_free_pairs"(
         device_async_resource_ref mr, size_t nbytes, uint64_t iterations,
         const vector[cudaStream_t]& streams) except +
+
+    cdef struct stress_stats:
+        uint64_t iterations
+        uint64_t allocations
+        uint64_t bytes
+        uint64_t cross_stream_frees
+        uint64_t out_of_memory
+        uint64_t checks
+        double seconds
+
+    stress_stats c_stress "rmm_fences::bench::stress"(
+        device_async_resource_ref mr, const vector[cudaStream_t]& streams, double seconds,
+        CUfunction fill, CUfunction check, unsigned long long* errors, size_t max_bytes,
+        size_t max_live, uint64_t seed) except +
 
 
 cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
@@ -423,6 +441,71 @@ def threaded_alloc_free(DeviceMemoryResource mr not None, nbytes, size_t iterati
     with nogil:
         pairs = c_threaded_alloc_free_pairs(mr.get_mr(), c_nbytes, iterations, handles)
     return pairs
+
+
+def stress(DeviceMemoryResource mr not None, streams, double seconds, *,
+           uintptr_t fill_kernel, uintptr_t check_kernel, uintptr_t errors,
+           max_bytes="4MiB", size_t max_live=32, uint64_t seed=0) -> dict:
+    """Multi-threaded data-checking stress of ``mr``: one C++ thread per stream, without the
+    GIL, for ``seconds``.
+
+    Each thread allocates random sizes (256 B to ``max_bytes``) on its stream, fills each
+    block with a pattern keyed by (thread, allocation) with ``fill_kernel``, keeps some live
+    (at most ``max_live`` per thread), and before every free checks the pattern with
+    ``check_kernel``, which adds each mismatching word to the device counter at ``errors``.
+    Frees happen on the thread's own stream or on another thread's stream after an event wait.
+    Out-of-memory is counted and answered by freeing half of the thread's live blocks. All
+    streams are synchronized before this returns; the caller reads ``errors``.
+
+    Parameters
+    ----------
+    mr : DeviceMemoryResource
+        The resource under test.
+    streams : list
+        One stream per thread (rmm, CuPy, cuda.core or ``__cuda_stream__`` streams).
+    seconds : float
+        How long the threads loop.
+    fill_kernel, check_kernel : int
+        ``CUfunction`` handles (CuPy: ``RawKernel.kernel.ptr``) of
+        ``fill(unsigned* a, unsigned long long n, unsigned key)`` and
+        ``check(const unsigned* a, unsigned long long n, unsigned key,
+        unsigned long long* errors)`` in the current device's primary context.
+    errors : int
+        Device address of an ``unsigned long long`` counter.
+    max_bytes : int or str
+        Largest allocation (at least 256).
+    max_live : int
+        Blocks each thread may keep live across iterations.
+    seed : int
+        Seeds the sizes, choices and patterns.
+
+    Returns a dict: ``iterations``, ``allocations``, ``bytes``, ``cross_stream_frees``,
+    ``out_of_memory``, ``checks``, ``seconds``.
+    """
+    cdef size_t c_max_bytes = parse_bytes(max_bytes, "max_bytes")
+    if c_max_bytes < 256:
+        raise ValueError(f"max_bytes must be at least 256, got {c_max_bytes}")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"seconds must be positive and finite, got {seconds}")
+    for name, value in (("fill_kernel", fill_kernel), ("check_kernel", check_kernel),
+                        ("errors", errors)):
+        if value == 0:
+            raise ValueError(f"{name} must be a non-null handle or device address, got 0")
+    cdef vector[cudaStream_t] handles = _stream_handles(streams)
+    cdef stress_stats c
+    with nogil:
+        c = c_stress(mr.get_mr(), handles, seconds, <CUfunction>fill_kernel,
+                     <CUfunction>check_kernel, <unsigned long long*>errors, c_max_bytes,
+                     max_live, seed)
+    return {
+        "iterations": c.iterations,
+        "allocations": c.allocations,
+        "bytes": c.bytes,
+        "cross_stream_frees": c.cross_stream_frees,
+        "out_of_memory": c.out_of_memory,
+        "checks": c.checks,
+        "seconds": c.seconds,
+    }
 
 
 cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):

@@ -12,11 +12,17 @@
 
 #include <rmm_fences/detail/driver_api.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <mutex>
+#include <new>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -233,6 +239,245 @@ inline double threaded_stream_queries(int which,
   auto const secs =
     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return static_cast<double>(iterations * streams.size()) / secs;
+}
+
+/// What `stress` did (the data check's error counter stays on the device).
+struct stress_stats {
+  std::uint64_t iterations{};          ///< loop turns of all threads
+  std::uint64_t allocations{};         ///< successful allocations
+  std::uint64_t bytes{};               ///< bytes of those allocations
+  std::uint64_t cross_stream_frees{};  ///< frees on another thread's stream, after an event wait
+  std::uint64_t out_of_memory{};       ///< allocations that raised out-of-memory (then reclaimed)
+  std::uint64_t checks{};              ///< check kernels launched
+  double seconds{};                    ///< wall time of the run, final synchronization included
+};
+
+namespace detail {
+
+/// cuLaunchKernel, obtained through the runtime (no link against libcuda).
+using launch_kernel_fn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                      unsigned, unsigned, unsigned, CUstream, void**, void**);
+
+inline launch_kernel_fn launch_kernel_entry()
+{
+  static launch_kernel_fn const fn = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &entry, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return launch_kernel_fn{};
+    }
+    return reinterpret_cast<launch_kernel_fn>(entry);
+  }();
+  return fn;
+}
+
+/// 32 bits of the pattern key of allocation `serial` of thread `thread` (splitmix64).
+inline std::uint32_t pattern_key(std::uint64_t seed, std::uint64_t thread, std::uint64_t serial)
+{
+  std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (thread * 0x100000001ULL + serial + 1);
+  z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
+  return static_cast<std::uint32_t>((z ^ (z >> 31U)) & 0xFFFFFFFFULL);
+}
+
+}  // namespace detail
+
+/**
+ * @brief Multi-threaded data-checking stress of `mr`: one std::thread per stream, for `seconds`.
+ *
+ * Each thread loops on its own stream: allocates a random size (256 B to `max_bytes`, powers of
+ * two and three quarters of them, so caches that match exact sizes reuse blocks), launches
+ * `fill` to write a pattern keyed by (thread, allocation), then either keeps the block live
+ * (at most `max_live` per thread, so a bounded pool fills up), or launches `check` (re-derives
+ * the pattern and adds every mismatching word to `*errors` on the device) and frees it: on its
+ * own stream, or on another thread's stream after recording an event on its own stream and
+ * making the other stream wait for it (the stream-ordered contract of a cross-stream free). A
+ * live block is checked again before it is freed, so an overwrite by another thread while it
+ * was live is counted. An allocation that raises out-of-memory (`std::bad_alloc`, of which
+ * `rmm::out_of_memory` is one) is counted, half of the thread's live blocks are checked and
+ * freed, and the loop goes on. At the end every live block is checked and freed and all
+ * streams are synchronized, so `*errors` is final when this returns.
+ *
+ * The kernels are `CUfunction`s of the current device's primary context, launched with
+ * cuLaunchKernel: `fill(unsigned* a, unsigned long long n, unsigned key)` and
+ * `check(unsigned const* a, unsigned long long n, unsigned key, unsigned long long* errors)`,
+ * grid-stride loops over `n` words. The first exception of any thread (other than
+ * out-of-memory) stops all threads and is rethrown after they are joined.
+ */
+inline stress_stats stress(rmm::device_async_resource_ref mr,
+                           std::vector<cudaStream_t> const& streams,
+                           double seconds,
+                           CUfunction fill,
+                           CUfunction check,
+                           unsigned long long* errors,
+                           std::size_t max_bytes,
+                           std::size_t max_live,
+                           std::uint64_t seed)
+{
+  auto const launch = detail::launch_kernel_entry();
+  if (launch == nullptr) { throw std::runtime_error("stress: cuLaunchKernel is not available"); }
+  if (streams.empty()) { throw std::invalid_argument("stress: streams must not be empty"); }
+  if (max_bytes < 256) { throw std::invalid_argument("stress: max_bytes must be >= 256"); }
+  int device = 0;
+  RMM_CUDA_TRY(cudaGetDevice(&device));
+
+  constexpr unsigned block_threads = 256;
+  std::size_t max_shift = 0;  // sizes 256 << k for k <= max_shift
+  while ((std::size_t{256} << (max_shift + 1)) <= max_bytes) {
+    ++max_shift;
+  }
+
+  std::size_t const n = streams.size();
+  std::vector<cudaEvent_t> events(n);
+  for (auto& e : events) {
+    RMM_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+
+  std::atomic<bool> stop{false};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  std::atomic<std::uint64_t> iterations{0}, allocations{0}, bytes{0}, cross{0}, oom{0},
+    checks{0};
+
+  auto const start    = std::chrono::steady_clock::now();
+  auto const deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(seconds));
+
+  auto worker = [&](std::size_t t) {
+    struct block {
+      void* ptr;
+      std::size_t size;
+      std::uint32_t key;
+    };
+    std::vector<block> live;
+    live.reserve(max_live + 1);
+    std::mt19937_64 rng{seed * 0x2545F4914F6CDD1DULL + t};
+    auto const own  = streams[t];
+    auto const cu   = [](cudaStream_t s) { return reinterpret_cast<CUstream>(s); };
+    std::uint64_t serial = 0;
+    std::uint64_t my_iterations = 0, my_allocations = 0, my_bytes = 0, my_cross = 0,
+                  my_oom = 0, my_checks = 0;
+
+    auto run = [&](CUfunction f, block const& b, bool with_errors) {
+      auto* ptr             = b.ptr;
+      unsigned long long nw = b.size / 4;
+      unsigned key          = b.key;
+      void* args_fill[]     = {&ptr, &nw, &key};
+      void* args_check[]    = {&ptr, &nw, &key, &errors};
+      auto const grid =
+        static_cast<unsigned>(std::min<std::size_t>(1024, (nw + block_threads - 1) / block_threads));
+      CUresult const r = launch(f, std::max(grid, 1U), 1, 1, block_threads, 1, 1, 0, cu(own),
+                                with_errors ? args_check : args_fill, nullptr);
+      if (r != CUDA_SUCCESS) {
+        throw std::runtime_error("stress: cuLaunchKernel failed with CUresult " +
+                                 std::to_string(static_cast<int>(r)));
+      }
+    };
+    // Checks `b` on the own stream, then frees it: on the own stream, or (cross) on another
+    // thread's stream after that stream waits for an event recorded after the check.
+    auto check_and_free = [&](block const& b, bool allow_cross) {
+      run(check, b, true);
+      ++my_checks;
+      cudaStream_t on = own;
+      if (allow_cross && n > 1 && (rng() % 2U) == 0) {
+        auto other = static_cast<std::size_t>(rng() % (n - 1));
+        if (other >= t) { ++other; }
+        RMM_CUDA_TRY(cudaEventRecord(events[t], own));
+        RMM_CUDA_TRY(cudaStreamWaitEvent(streams[other], events[t], 0));
+        on = streams[other];
+        ++my_cross;
+      }
+      mr.deallocate(cuda::stream_ref{on}, b.ptr, b.size, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    };
+    auto free_random_live = [&](bool allow_cross) {
+      auto const k = static_cast<std::size_t>(rng() % live.size());
+      std::swap(live[k], live.back());
+      auto const b = live.back();
+      live.pop_back();
+      check_and_free(b, allow_cross);
+    };
+
+    try {
+      RMM_CUDA_TRY(cudaSetDevice(device));  // makes the primary context current (driver calls)
+      while (!stop.load(std::memory_order_relaxed) &&
+             std::chrono::steady_clock::now() < deadline) {
+        ++my_iterations;
+        auto const shift = static_cast<std::size_t>(rng() % (max_shift + 1));
+        std::size_t size = std::size_t{256} << shift;
+        if ((rng() % 4U) == 0) { size = size / 4 * 3; }
+        block b{nullptr, size, detail::pattern_key(seed, t, serial++)};
+        try {
+          b.ptr = mr.allocate(cuda::stream_ref{own}, size, rmm::CUDA_ALLOCATION_ALIGNMENT);
+        } catch (std::bad_alloc const&) {
+          ++my_oom;
+          for (auto k = (live.size() + 1) / 2; k > 0; --k) {
+            free_random_live(true);
+          }
+          if (live.empty()) { std::this_thread::yield(); }
+          continue;
+        }
+        ++my_allocations;
+        my_bytes += size;
+        run(fill, b, false);
+        auto const action = rng() % 8U;
+        if (action < 3 && live.size() < max_live) {
+          live.push_back(b);  // kept live across iterations
+        } else {
+          check_and_free(b, true);
+        }
+        if (!live.empty() && (rng() % 4U) == 0) { free_random_live(true); }
+      }
+      while (!live.empty()) {
+        free_random_live(true);
+      }
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) { failure = std::current_exception(); }
+      }
+      stop.store(true);
+      // blocks still live are leaked to the resource on purpose: their kernels may still run
+    }
+    iterations += my_iterations;
+    allocations += my_allocations;
+    bytes += my_bytes;
+    cross += my_cross;
+    oom += my_oom;
+    checks += my_checks;
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  try {
+    for (std::size_t t = 0; t < n; ++t) {
+      threads.emplace_back(worker, t);
+    }
+  } catch (...) {  // no thread for every stream: stop those that run, report it
+    stop.store(true);
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    if (!failure) { failure = std::current_exception(); }
+  }
+  for (auto& th : threads) {
+    th.join();
+  }
+  cudaError_t sync_error = cudaSuccess;
+  for (auto s : streams) {
+    if (auto const e = cudaStreamSynchronize(s); e != cudaSuccess && sync_error == cudaSuccess) {
+      sync_error = e;
+    }
+  }
+  for (auto e : events) {
+    (void)cudaEventDestroy(e);
+  }
+  auto const elapsed =
+    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (failure) { std::rethrow_exception(failure); }
+  RMM_CUDA_TRY(sync_error);
+  return stress_stats{iterations.load(), allocations.load(), bytes.load(), cross.load(),
+                      oom.load(),       checks.load(),      elapsed};
 }
 
 }  // namespace rmm_fences::bench
