@@ -22,15 +22,21 @@ __all__ = ["CupyAllocator"]
 
 class _Block:
     """Owner of one allocation: frees it, on the stream it was allocated on, when CuPy drops
-    the last reference."""
+    the last reference.
 
-    __slots__ = ("mr", "ptr", "nbytes", "stream")
+    ``cupy_stream`` is CuPy's stream object of that stream, kept alive so that CuPy does not
+    destroy the stream (it does when its last reference dies) while the block still has to be
+    freed on it: an array may outlive the stream it was allocated on.
+    """
 
-    def __init__(self, mr, ptr, nbytes, stream):
+    __slots__ = ("mr", "ptr", "nbytes", "stream", "cupy_stream")
+
+    def __init__(self, mr, ptr, nbytes, stream, cupy_stream):
         self.mr = mr
         self.ptr = ptr
         self.nbytes = nbytes
         self.stream = stream
+        self.cupy_stream = cupy_stream
 
     def __del__(self):
         self.mr.deallocate(self.ptr, self.nbytes, self.stream)
@@ -48,7 +54,10 @@ class CupyAllocator:
 
     Each allocation is made on CuPy's current stream and freed on that same stream when the
     array dies, without a sync: the resource must order reuse by stream, as rmm_fences'
-    resources and rmm's pool and CudaAsync do.
+    resources and rmm's pool and CudaAsync do. The allocation keeps a reference to CuPy's
+    stream object, so a ``cupy.cuda.Stream`` lives (is not destroyed) until the last array
+    allocated on it is freed. A ``cupy.cuda.ExternalStream`` does not own its stream: whoever
+    owns it must keep it alive until those arrays are freed.
     """
 
     __slots__ = ("mr", "device")
@@ -65,9 +74,10 @@ class CupyAllocator:
         self.mr = mr
 
     def __call__(self, nbytes: int) -> cupy.cuda.MemoryPointer:
-        stream = rmm_stream(cupy.cuda.get_current_stream().ptr)
+        cupy_stream = cupy.cuda.get_current_stream()
+        stream = rmm_stream(cupy_stream.ptr)
         ptr = self.mr.allocate(nbytes, stream)
-        owner = _Block(self.mr, ptr, nbytes, stream)
+        owner = _Block(self.mr, ptr, nbytes, stream, cupy_stream)
         mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device)
         return cupy.cuda.MemoryPointer(mem, 0)
 

@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CupyAllocator when an array outlives the stream it was allocated on (the pattern of CuPy's
+own ``cuda_tests/test_stream.py::TestStream::test_del_default``): CuPy destroys a stream when
+its last reference dies; the free of the array must not use the destroyed handle.
+
+Each chain runs in a child process, so a segmentation fault is seen as a crash exit code.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+CHILD = textwrap.dedent(
+    """
+    import gc, json, sys
+    import numpy as np, cupy, rmm, rmm_fences
+    from rmm_fences.allocators.cupy import CupyAllocator
+
+    chain = sys.argv[1]
+    pool = rmm_fences.StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
+    if chain == "pool":
+        mr = pool
+    elif chain == "sync_on_free":
+        mr = rmm_fences.SyncOnFreeResourceAdaptor(pool, mode="deferred")
+    else:
+        mr = rmm_fences.HazardTrackingResourceAdaptor(pool, on_hazard="record")
+    cupy.cuda.set_allocator(CupyAllocator(mr))
+    rng = np.random.default_rng(2024)
+    bad = []
+    trials = 20
+    for trial in range(trials):
+        n = int(rng.integers(1000, 1 << 20))
+        host = rng.random(n) + 0.5  # float64, no zeros
+        stream = cupy.cuda.Stream().use()  # CuPy's check_del(null=False, ptds=False)
+        assert stream is cupy.cuda.get_current_stream()
+        x = cupy.asarray(host)
+        y = x * 2.0 + 1.0
+        del stream  # the current-stream slot still holds it
+        cupy.cuda.Stream.null.use()  # its last reference dies: CuPy destroys the stream
+        got = (float(x.sum()), float(y.sum()))
+        ref = (float(host.sum()), float((host * 2.0 + 1.0).sum()))
+        if not np.allclose(got, ref, rtol=1e-9, atol=0.0):
+            bad.append((trial, got, ref))
+        del x, y  # freed on the stream they were allocated on
+        gc.collect()
+    cupy.cuda.Device().synchronize()
+    if chain == "sync_on_free":
+        mr.flush()
+    hazards = len(mr.hazards) if chain == "tracking" else None
+    print(json.dumps({"chain": chain, "trials": trials, "bad": bad, "hazards": hazards}))
+    """
+)
+
+
+@pytest.mark.parametrize("chain", ["pool", "sync_on_free", "tracking"])
+def test_array_outliving_its_stream_is_freed_safely(chain):
+    res = subprocess.run([sys.executable, "-P", "-c", CHILD, chain], capture_output=True,
+                         text=True, timeout=300)
+    lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
+    report = json.loads(lines[-1]) if lines else None
+    print(f"\nCupyAllocator over {chain}, arrays outliving their stream: "
+          f"exit {res.returncode}, {report}")
+    assert res.returncode == 0, f"child exit {res.returncode}\n{res.stdout}\n{res.stderr[-4000:]}"
+    assert report is not None and report["trials"] == 20
+    assert report["bad"] == []  # every sum matched its float64 reference
