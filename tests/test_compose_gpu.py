@@ -33,7 +33,13 @@ def test_every_name_has_a_case():
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_compose_builds_every_name(name):
+def test_compose_builds_every_name(name, cupy, scenarios, rng):
+    """Each composed resource serves memory that kernels write and read back: random data
+    summed by a kernel against its float64 reference, then, in the block the next allocation
+    gets on the same stream (the freed one, where the resource reuses), a pattern written and
+    checked by kernels."""
+    import numpy as np
+
     import rmm_fences.unsafe as unsafe
 
     spec, cls = SPECS[name]
@@ -41,13 +47,33 @@ def test_compose_builds_every_name(name):
                   "vmm_unmap": unsafe.UnmappingVmmMemoryResource}[name]
     mr = compose(spec)
     assert isinstance(mr, cls)
-    ptr = mr.allocate(1 << 20)
+    nbytes, count = 1 << 20, (1 << 20) // 4
+    s = cupy.cuda.Stream(non_blocking=True)
+    rs = rmm.pylibrmm.stream.Stream(s)
+    with s:  # zeroed on the stream the kernels run on (non-blocking: no implicit order)
+        out = cupy.zeros(1, dtype=cupy.float64)
+        errors = cupy.zeros(1, dtype=cupy.uint64)
+    host = rng.standard_normal(count, dtype=np.float32) + np.float32(2.0)
+    ptr = mr.allocate(nbytes, rs)
     assert ptr != 0
-    mr.deallocate(ptr, 1 << 20)
+    scenarios.as_array(ptr, count, np.float32).set(host, stream=s)
+    scenarios.slow_checksum(ptr, count, 0.0, out, s)
+    if name in ("naive_cache", "vmm_unmap"):
+        s.synchronize()  # unsafe: they free (or unmap) under a running kernel
+    mr.deallocate(ptr, nbytes, rs)
+    again = mr.allocate(nbytes, rs)
+    scenarios.fill(again, count, seed=77, stream=s)
+    scenarios.check(again, count, seed=77, errors=errors, stream=s)
+    s.synchronize()
+    mr.deallocate(again, nbytes, rs)
+    s.synchronize()
+    assert float(out.get()[0]) == pytest.approx(float(host.astype(np.float64).sum()), rel=1e-9)
+    assert int(errors.get()[0]) == 0
     if name == "sync_on_free":
         assert mr.mode == "stream"
     if name == "tracking":
         assert mr.on_hazard == "raise" and mr.hazards == []
+        assert mr.stats["allocations"] == 2 and mr.stats["deallocations"] == 2
 
 
 def test_install_sets_and_restores_the_current_resource():
