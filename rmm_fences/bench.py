@@ -96,14 +96,14 @@ def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
     ``cross_stream_frees``, ``out_of_memory``, ``checks``, ``seconds``) and ``errors``: the
     words the check kernels found wrong. Any value but 0 means two users shared memory.
     """
-    import cupy
-
     if isinstance(streams, bool) or not isinstance(streams, (int, list, tuple)):
         raise TypeError(f"streams must be a number of streams or a list of streams, "
                         f"got {type(streams).__name__}")
+    if isinstance(streams, int) and streams < 1:
+        raise ValueError(f"streams must be at least 1, got {streams}")
+    import cupy
+
     if isinstance(streams, int):
-        if streams < 1:
-            raise ValueError(f"streams must be at least 1, got {streams}")
         streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(streams)]
     _, _, fill, check = _stress_kernels(cupy.cuda.runtime.getDevice())
     errors = cupy.zeros(1, dtype=cupy.uint64)

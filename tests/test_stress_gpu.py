@@ -6,7 +6,8 @@ blocks kept live fill a bounded pool into out-of-memory; a Python thread calls `
 (or ``flush()``) meanwhile. A device-side counter adds every word a check found wrong.
 
 Each run is a child process, so a fault (error 700) fails the test instead of the session.
-RMM_FENCES_STRESS_SECONDS sets the duration of each run (default 5).
+RMM_FENCES_STRESS_SECONDS sets the duration of each run (default 5). The argument checks run
+on any machine.
 """
 
 import json
@@ -16,8 +17,6 @@ import sys
 import textwrap
 
 import pytest
-
-pytestmark = pytest.mark.gpu
 
 SECONDS = float(os.environ.get("RMM_FENCES_STRESS_SECONDS", "5"))
 THREADS = 8
@@ -81,6 +80,7 @@ def run_stress(chain):
     return stats
 
 
+@pytest.mark.gpu
 def test_bounded_pool_under_native_threads_oom_and_release_keeps_every_pattern():
     stats = run_stress("pool")
     assert stats["out_of_memory"] > 0, stats  # the 64 MiB bound was hit and reclaimed from
@@ -88,14 +88,52 @@ def test_bounded_pool_under_native_threads_oom_and_release_keeps_every_pattern()
     assert stats["errors"] == 0, stats
 
 
+@pytest.mark.gpu
 def test_sync_on_free_deferred_over_the_naive_cache_keeps_every_pattern():
     stats = run_stress("sync_on_free")
     assert stats["background_calls"] > 0, stats  # flush() ran during the traffic
     assert stats["errors"] == 0, stats
 
 
+@pytest.mark.gpu
 def test_control_naive_cache_alone_is_seen_corrupting():
     """The stress can see corruption: the naive cache hands a block to another stream while
     its check kernel is still queued, and the checks count the overwritten words."""
     stats = run_stress("naive_cache")
     assert stats["errors"] > 0, stats
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"seconds": 0.0}, "seconds must be positive and finite, got 0.0"),
+    ({"seconds": float("nan")}, "seconds must be positive and finite"),
+    ({"seconds": float("inf")}, "seconds must be positive and finite"),
+    ({"max_bytes": 255}, "max_bytes must be at least 256, got 255"),
+    ({"max_bytes": "1MB?"}, "max_bytes"),
+    ({"fill_kernel": 0}, "fill_kernel must be a non-null handle"),
+    ({"check_kernel": 0}, "check_kernel must be a non-null handle"),
+    ({"errors": 0}, "errors must be a non-null handle or device address"),
+    ({"streams": []}, "streams must hold at least one stream"),
+])
+def test_native_stress_rejects_bad_arguments_naming_them(kwargs, match):
+    import rmm
+
+    from rmm_fences._lib.memory_resource import stress
+
+    args = {"streams": [None], "seconds": 1.0, "fill_kernel": 1, "check_kernel": 1, "errors": 1}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        stress(rmm.mr.CudaMemoryResource(), **args)
+
+
+@pytest.mark.parametrize(("streams", "error", "match"), [
+    (0, ValueError, "streams must be at least 1, got 0"),
+    (True, TypeError, "streams must be a number of streams or a list of streams, got bool"),
+    ("8", TypeError, "got str"),
+])
+def test_public_stress_rejects_bad_streams_naming_them(streams, error, match):
+    import rmm
+
+    from rmm_fences.bench import stress
+
+    with pytest.raises(error, match=match):
+        stress(rmm.mr.CudaMemoryResource(), streams, 1.0)

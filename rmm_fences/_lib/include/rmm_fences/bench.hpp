@@ -326,7 +326,7 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
 
   constexpr unsigned block_threads = 256;
   std::size_t max_shift = 0;  // sizes 256 << k for k <= max_shift
-  while ((std::size_t{256} << (max_shift + 1)) <= max_bytes) {
+  while (max_shift < 40 && (std::size_t{256} << (max_shift + 1)) <= max_bytes) {
     ++max_shift;
   }
 
