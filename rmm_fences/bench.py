@@ -47,8 +47,16 @@ extern "C" __global__ void stress_fill(unsigned int* a, unsigned long long n, un
 }
 
 extern "C" __global__ void stress_check(const unsigned int* a, unsigned long long n,
-                                        unsigned int key, unsigned long long* errors)
+                                        unsigned int key, unsigned long long* errors,
+                                        unsigned long long delay_ns)
 {
+    // Wait before reading, so the block stays in use for a while after its free is queued:
+    // a resource that hands it to another stream too early is then caught in the act.
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < delay_ns);
     unsigned long long bad = 0;
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
          i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
@@ -72,7 +80,8 @@ def _stress_kernels(device: int):
 
 
 def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
-           max_bytes: int | str = "4MiB", max_live: int = 32, seed: int = 0) -> dict:
+           max_bytes: int | str = "4MiB", max_live: int = 32, seed: int = 0,
+           check_delay_ns: int = 20000) -> dict:
     """Multi-threaded data-checking stress of ``mr`` (needs CuPy and a GPU).
 
     One C++ thread per stream runs for ``seconds`` without the GIL: random allocations on its
@@ -89,7 +98,7 @@ def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
     streams : int or list
         A number of new non-blocking CuPy streams to create, or the streams themselves (rmm,
         CuPy, cuda.core or ``__cuda_stream__``); one thread each.
-    seconds, max_bytes, max_live, seed
+    seconds, max_bytes, max_live, seed, check_delay_ns
         As in ``rmm_fences._lib.memory_resource.stress``.
 
     Returns the native counters (``iterations``, ``allocations``, ``bytes``,
@@ -110,6 +119,6 @@ def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
     cupy.cuda.Device().synchronize()  # the counter is zero before any stream uses it
     stats = _native_stress(mr, list(streams), seconds, fill_kernel=fill, check_kernel=check,
                            errors=errors.data.ptr, max_bytes=max_bytes, max_live=max_live,
-                           seed=seed)
+                           seed=seed, check_delay_ns=check_delay_ns)
     stats["errors"] = int(errors.get()[0])
     return stats

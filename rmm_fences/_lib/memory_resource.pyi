@@ -90,6 +90,7 @@ def stress(
     max_bytes: int | str = "4MiB",
     max_live: int = 32,
     seed: int = 0,
+    check_delay_ns: int = 20000,
 ) -> StressStats: ...
 
 class StreamOrderedPoolStats(TypedDict):

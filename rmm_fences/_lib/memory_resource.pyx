@@ -118,7 +118,7 @@ cdef extern from "rmm_fences/bench.hpp" namespace "rmm_fences::bench" nogil:
     stress_stats c_stress "rmm_fences::bench::stress"(
         device_async_resource_ref mr, const vector[cudaStream_t]& streams, double seconds,
         CUfunction fill, CUfunction check, unsigned long long* errors, size_t max_bytes,
-        size_t max_live, uint64_t seed) except +
+        size_t max_live, uint64_t seed, unsigned long long check_delay_ns) except +
 
 
 cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
@@ -445,7 +445,8 @@ def threaded_alloc_free(DeviceMemoryResource mr not None, nbytes, size_t iterati
 
 def stress(DeviceMemoryResource mr not None, streams, double seconds, *,
            uintptr_t fill_kernel, uintptr_t check_kernel, uintptr_t errors,
-           max_bytes="4MiB", size_t max_live=32, uint64_t seed=0) -> dict:
+           max_bytes="4MiB", size_t max_live=32, uint64_t seed=0,
+           unsigned long long check_delay_ns=20000) -> dict:
     """Multi-threaded data-checking stress of ``mr``: one C++ thread per stream, without the
     GIL, for ``seconds``.
 
@@ -469,7 +470,8 @@ def stress(DeviceMemoryResource mr not None, streams, double seconds, *,
         ``CUfunction`` handles (CuPy: ``RawKernel.kernel.ptr``) of
         ``fill(unsigned* a, unsigned long long n, unsigned key)`` and
         ``check(const unsigned* a, unsigned long long n, unsigned key,
-        unsigned long long* errors)`` in the current device's primary context.
+        unsigned long long* errors, unsigned long long delay_ns)`` in the current device's
+        primary context (``check`` waits ``delay_ns`` before it reads).
     errors : int
         Device address of an ``unsigned long long`` counter.
     max_bytes : int or str
@@ -478,6 +480,9 @@ def stress(DeviceMemoryResource mr not None, streams, double seconds, *,
         Blocks each thread may keep live across iterations.
     seed : int
         Seeds the sizes, choices and patterns.
+    check_delay_ns : int
+        How long each check kernel waits before reading its block (keeps freed blocks in use
+        on the device while the host runs ahead, which widens every reuse race).
 
     Returns a dict: ``iterations``, ``allocations``, ``bytes``, ``cross_stream_frees``,
     ``out_of_memory``, ``checks``, ``seconds``.
@@ -496,7 +501,7 @@ def stress(DeviceMemoryResource mr not None, streams, double seconds, *,
     with nogil:
         c = c_stress(mr.get_mr(), handles, seconds, <CUfunction>fill_kernel,
                      <CUfunction>check_kernel, <unsigned long long*>errors, c_max_bytes,
-                     max_live, seed)
+                     max_live, seed, check_delay_ns)
     return {
         "iterations": c.iterations,
         "allocations": c.allocations,

@@ -303,9 +303,11 @@ inline std::uint32_t pattern_key(std::uint64_t seed, std::uint64_t thread, std::
  *
  * The kernels are `CUfunction`s of the current device's primary context, launched with
  * cuLaunchKernel: `fill(unsigned* a, unsigned long long n, unsigned key)` and
- * `check(unsigned const* a, unsigned long long n, unsigned key, unsigned long long* errors)`,
- * grid-stride loops over `n` words. The first exception of any thread (other than
- * out-of-memory) stops all threads and is rethrown after they are joined.
+ * `check(unsigned const* a, unsigned long long n, unsigned key, unsigned long long* errors,
+ * unsigned long long delay_ns)`, grid-stride loops over `n` words; `check` waits
+ * `check_delay_ns` before reading, so a freed block stays in use while the host runs ahead.
+ * The first exception of any thread (other than out-of-memory) stops all threads and is
+ * rethrown after they are joined.
  */
 inline stress_stats stress(rmm::device_async_resource_ref mr,
                            std::vector<cudaStream_t> const& streams,
@@ -315,7 +317,8 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
                            unsigned long long* errors,
                            std::size_t max_bytes,
                            std::size_t max_live,
-                           std::uint64_t seed)
+                           std::uint64_t seed,
+                           unsigned long long check_delay_ns = 20000)
 {
   auto const launch = detail::launch_kernel_entry();
   if (launch == nullptr) { throw std::runtime_error("stress: cuLaunchKernel is not available"); }
@@ -366,7 +369,8 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
       unsigned long long nw = b.size / 4;
       unsigned key          = b.key;
       void* args_fill[]     = {&ptr, &nw, &key};
-      void* args_check[]    = {&ptr, &nw, &key, &errors};
+      auto delay            = check_delay_ns;
+      void* args_check[]    = {&ptr, &nw, &key, &errors, &delay};
       auto const grid =
         static_cast<unsigned>(std::min<std::size_t>(1024, (nw + block_threads - 1) / block_threads));
       CUresult const r = launch(f, std::max(grid, 1U), 1, 1, block_threads, 1, 1, 0, cu(own),
