@@ -214,7 +214,9 @@ class Model:
             if k not in self.fr:
                 self.freed_ranges.append((ptr, size, k, self.t.mark(k)))
         else:
-            if undeclared and self.reachable(a):
+            if undeclared and not self.reachable(a):
+                unreachable.append(a)
+            elif undeclared:
                 if a in self.fr or a in self.fq:
                     unchecked += 1
                 elif not self.idle(a):
