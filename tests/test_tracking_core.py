@@ -637,6 +637,26 @@ def test_one_shot_faults_are_counted_too():
         t.fail_next("sync")
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_capturing_allocation_stream_is_counted_not_skipped_silently(ordered):
+    t = SimHazardTracker(ordered)
+    p = t.allocate(1024, 1)
+    t.launch(1)
+    t.begin_capture(1)  # the allocation stream is being captured: no fence on it
+    t.deallocate(p, 1024, 3)
+    t.end_capture(1)
+    assert t.hazards == [] and t.stats["unchecked"] == 1
+
+
+def test_a_capture_on_an_uninvolved_stream_changes_nothing():
+    t = SimHazardTracker(True)
+    p = t.allocate(1024, 1)
+    t.launch(1)
+    t.begin_capture(5)
+    t.deallocate(p, 1024, 3)
+    assert kinds(t) == ["cross_stream_free"] and t.stats["unchecked"] == 0
+
+
 # Per-thread default streams: one handle, another stream on every thread.
 
 

@@ -270,10 +270,12 @@ class hazard_tracker_core {
           hazard.streams          = {existing->stream};
           hazard.stack            = std::move(stack);
           hazard.allocation_stack = existing->stack;
-          record.earlier          = std::make_unique<live_block>(std::move(*existing));
-          *existing               = std::move(record);
-          shadowed_ += 1;
+          auto earlier            = std::make_unique<live_block>();  // may throw: nothing changed
           note_locked(std::move(hazard), notices);
+          *earlier       = std::move(*existing);  // no throw from here on
+          record.earlier = std::move(earlier);
+          *existing      = std::move(record);
+          shadowed_ += 1;
         } else {
           live_.insert_or_assign(key, std::move(record));
           platform_.annotate_allocation(ptr, bytes);
