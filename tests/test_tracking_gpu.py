@@ -107,7 +107,7 @@ def test_safe_chains_report_a_cross_stream_free_exactly_when_unordered(
             s2.wait_event(s1.record())
         mr.deallocate(a, nbytes, s2)
         s2.synchronize()  # the free's fence completed; unordered, s1's kernel still spins
-        mr.hazards  # settles the check now (a later settle would find s1 done too)
+        _ = mr.hazards  # settles the check now (a later settle would find s1 done too)
         b = mr.allocate(nbytes, s2)
         scenarios.fill(b, count, seed=trial + 1, stream=s2)
         s1.synchronize()
