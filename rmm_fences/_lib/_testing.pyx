@@ -13,7 +13,6 @@ from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
 from libcpp.optional cimport optional
 from libcpp.set cimport set as cpp_set
-from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 
@@ -281,6 +280,10 @@ cdef class HostStreamOrderedPool:
     @property
     def stats(self) -> dict:
         return pool_stats_dict(deref(self.c_obj).core().stats())
+
+
+# The hazard tracker on a simulated device.
+from libcpp.string cimport string  # noqa: E402
 
 
 cdef extern from "rmm_fences/testing/host_tracker.hpp" namespace "rmm_fences::testing":
