@@ -17,6 +17,7 @@ HAZARD_KINDS = (
     "foreign_free",
     "size_mismatch",
     "leak",
+    "allocated_while_live",
 )
 
 
@@ -27,7 +28,8 @@ class AllocationRecord:
     pointer: int
     size: int
     stream: int
-    """Handle of the allocation stream (0: the legacy default stream)."""
+    """Key of the allocation stream: its handle (0: the legacy default stream), or for a
+    per-thread default stream ``(thread << 3) | 2`` (see :func:`stream_name`)."""
     streams: tuple[int, ...] = ()
     """Other streams declared with ``record_stream``."""
     stack: str | None = None
@@ -76,11 +78,21 @@ class HazardWarning(RuntimeWarning):
     """A memory hazard seen by a tracker with ``on_hazard="warn"``."""
 
 
+def is_per_thread_key(key: int) -> bool:
+    """Whether a stream key names a per-thread default stream (``(thread << 3) | 2``; stream
+    handles are 8-byte aligned)."""
+    return key & 7 == 2 and key > 7
+
+
 def stream_name(handle: int) -> str:
+    """A stream key in words: its handle, or the per-thread default stream of a thread (the
+    tracker numbers threads from 1 in the order they first used it)."""
     if handle == 0:
         return "the legacy default stream"
     if handle == 2:
         return "the per-thread default stream"
+    if is_per_thread_key(handle):
+        return f"the per-thread default stream of thread {handle >> 3}"
     return f"stream {handle:#x}"
 
 
@@ -102,6 +114,15 @@ def describe(kind, ptr, size, tracked_size, stream, streams) -> str:
             f"reuse_before_fence: the upstream handed {where} to {stream_name(stream)} while "
             f"the fence of its free on {_streams(streams)} had not completed"
         )
+    if kind == "cross_stream_free" and any(
+            is_per_thread_key(s) and s != stream for s in streams):
+        return (
+            f"cross_stream_free: {where} freed on {stream_name(stream)}, which cannot be "
+            f"ordered after {_streams(streams)}: another thread's per-thread default stream "
+            "cannot be named from the freeing thread, so the tracker can neither wait for it "
+            "nor check it (counted in stats['unchecked']); free the block on its allocation "
+            "thread, or use streams you created"
+        )
     if kind == "cross_stream_free":
         return (
             f"cross_stream_free: {where} freed on {stream_name(stream)}, which was not ordered "
@@ -122,6 +143,13 @@ def describe(kind, ptr, size, tracked_size, stream, streams) -> str:
         )
     if kind == "leak":
         return f"leak: {where} allocated on {stream_name(stream)} was never freed"
+    if kind == "allocated_while_live":
+        return (
+            f"allocated_while_live: the upstream handed {where} to {stream_name(stream)} "
+            f"while its allocation of {tracked_size} bytes on {_streams(streams)} was still "
+            "live (the upstream hands out memory in use); both allocations are tracked, each "
+            "free takes the one of its size"
+        )
     raise ValueError(f"unknown hazard kind {kind!r}")
 
 

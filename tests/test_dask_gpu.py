@@ -38,3 +38,7 @@ def test_local_cuda_cluster_with_the_plugin():
         assert entry["spec"].startswith("tracking(")
         assert tracker["peak_bytes"] > 0, address  # allocations went through the chain
         assert tracker["hazards"] == [], address
+        # ... and that is a checked answer: the tracker saw and looked up frees
+        counters = tracker["stats"]
+        assert counters["allocations"] > 0 and counters["deallocations"] > 0, (address, counters)
+        assert counters["rejected_frees"] == 0, (address, counters)

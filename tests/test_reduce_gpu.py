@@ -94,6 +94,10 @@ def test_sum_and_max_match_the_reference(cupy, reduce_mod, rng, chain, dtype):
     if chain.startswith("tracking("):
         mr.check()
         assert mr.hazards == [] and mr.allocated_bytes == 0
+        # ... and it saw every temp-storage block: each free was looked up and checked
+        stats = mr.stats
+        assert stats["allocations"] >= 2 * (len(SIZES) - 1), stats
+        assert stats["deallocations"] == stats["allocations"] and stats["rejected_frees"] == 0
 
 
 @pytest.mark.parametrize("chain", ["rmm_fences_pool", "sync_on_free_deferred(naive_cache)",
@@ -113,6 +117,28 @@ def test_1000_back_to_back_reduces_on_two_streams(cupy, reduce_mod, rng, chain):
     np.testing.assert_allclose(outs.get(), ref.get(), rtol=1e-4)
     if chain.startswith("tracking("):
         mr.check()
+        stats = mr.stats
+        assert stats["allocations"] == stats["deallocations"] >= calls, stats
+
+
+def test_the_tracker_sees_the_temp_storage_freed_in_flight(cupy, scenarios, reduce_mod, rng):
+    """The control of the tracker's empty reports above: over the naive cache, the seed's
+    free of the temp storage right after the launch, behind a slow kernel on the same stream,
+    is reported as freed_in_flight (and the sum is still right: same-stream reuse only)."""
+    mr = HazardTrackingResourceAdaptor(NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
+                                       on_hazard="record")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    x = fresh(cupy, (1 << 20) + 7, "float64", rng)
+    busy = fresh(cupy, 1 << 16, "float32", rng)
+    sink = cupy.zeros(1, dtype=cupy.float64)
+    cupy.cuda.Device().synchronize()
+    scenarios.slow_checksum(busy.data.ptr, busy.size, 50, sink, stream)  # the stream is busy
+    total = reduce_mod.device_sum(x, mr=mr, stream=stream)
+    stream.synchronize()
+    check_sum(total.item(), x, "float64")
+    hazards = [(h.kind, h.stream, h.streams) for h in mr.hazards]
+    assert hazards == [("freed_in_flight", stream.ptr, (stream.ptr,))]
+    assert mr.stats["allocations"] == mr.stats["deallocations"] == 1
 
 
 def test_temp_storage_serves_a_cuda_compute_scan(cupy, rng):

@@ -73,23 +73,134 @@ def test_seed_race_over_the_naive_cache_is_reported_with_pointer_and_streams(
     assert corrupted >= 1, "the hazard was not observed as corruption"
 
 
-@pytest.mark.parametrize("chain", ["sync_on_free_deferred", "rmm_fences_pool"])
-def test_safe_chains_report_nothing_over_200_trials(scenarios, rng, chain):
+def _safe_chain(chain):
     if chain == "sync_on_free_deferred":
-        upstream = SyncOnFreeResourceAdaptor(
+        return SyncOnFreeResourceAdaptor(
             NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode="deferred")
-    else:
-        upstream = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
-    mr = HazardTrackingResourceAdaptor(upstream, on_hazard="raise")
+    return StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered_control", "ordered"])
+@pytest.mark.parametrize("chain", ["sync_on_free_deferred", "rmm_fences_pool"])
+def test_safe_chains_report_a_cross_stream_free_exactly_when_unordered(
+        cupy, scenarios, rng, chain, ordered):
+    """The seed's race with the free on the overwriting stream s2 while s1's slow kernel still
+    reads the block. Control (unordered): both safe chains reuse the block on s2 at once, the
+    kernel's checksum is corrupted and the tracker reports every trial. Ordered (s2 waits for
+    an event recorded on s1 before the free): correct checksums, no report, and the tracker
+    did check (fences recorded on s1 while its kernel ran, each check settled)."""
+    mr = HazardTrackingResourceAdaptor(_safe_chain(chain), on_hazard="record")
     assert mr.upstream_stream_ordered is True
-    res = scenarios.race(mr, trials=200, rng=rng)
-    print(f"\ntracking({chain}): {res.corrupted}/{res.trials} corrupted, "
-          f"hazards {len(mr.hazards)}, stats {mr.stats}")
-    assert res.corrupted == 0
-    assert mr.hazards == []
-    mr.check()
-    assert mr.stats["fences"] == 0  # same-stream frees over a stream-ordered upstream: no call
+    s1 = cupy.cuda.Stream(non_blocking=True)
+    s2 = cupy.cuda.Stream(non_blocking=True)
+    count, nbytes, trials = 1 << 20, 4 << 20, 10
+    out = cupy.empty(1, dtype=cupy.float64)
+    corrupted = 0
+    for trial in range(trials):
+        host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
+        a = mr.allocate(nbytes, s1)
+        scenarios.as_array(a, count, np.float32).set(host, stream=s1)
+        with s1:
+            out.fill(0.0)
+        scenarios.slow_checksum(a, count, 50, out, s1)  # reads a after 50 ms
+        if ordered:
+            s2.wait_event(s1.record())
+        mr.deallocate(a, nbytes, s2)
+        s2.synchronize()  # the free's fence completed; unordered, s1's kernel still spins
+        _ = mr.hazards  # settles the check now (a later settle would find s1 done too)
+        b = mr.allocate(nbytes, s2)
+        scenarios.fill(b, count, seed=trial + 1, stream=s2)
+        s1.synchronize()
+        s2.synchronize()
+        corrupted += not np.isclose(float(out.get()[0]), host.astype(np.float64).sum(),
+                                    rtol=1e-9)
+        mr.deallocate(b, nbytes, s2)
+    got = [(h.kind, h.stream, h.streams) for h in mr.hazards]  # settles every check
+    stats = mr.stats
+    print(f"\ntracking({chain}), {'ordered' if ordered else 'unordered'}: {corrupted}/{trials} "
+          f"corrupted, hazards {len(got)}, stats {stats}")
+    assert stats["fences"] >= trials and stats["pending_checks"] == 0
+    assert stats["unchecked"] == 0
+    if ordered:
+        assert corrupted == 0 and got == []
+        mr.check()
+    else:
+        assert got == [("cross_stream_free", s2.ptr, (s1.ptr,))] * trials
+        assert corrupted >= 1, "the race was reported but not observed"
     assert mr.allocated_bytes == 0 and mr.outstanding() == []
+
+
+def test_free_from_another_threads_per_thread_stream_is_reported(cupy, scenarios, rng):
+    """Thread A allocates on its per-thread default stream, where a slow kernel reads the
+    block; thread B frees it on its own per-thread default stream (the same handle, another
+    stream) and the naive cache hands it to B's next allocation, which B overwrites. The
+    tracker cannot order or check B's free after A's stream: it reports it, every trial."""
+    from rmm_fences._hazards import is_per_thread_key
+
+    mr = HazardTrackingResourceAdaptor(NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
+                                       on_hazard="record")
+    ptds = cupy.cuda.Stream.ptds
+    count, nbytes, trials = 1 << 20, 4 << 20, 5
+    out = cupy.zeros(1, dtype=cupy.float64)
+    corrupted = 0
+    for trial in range(trials):
+        host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
+        launched, freed = threading.Event(), threading.Event()
+        box, errors = {}, []
+
+        def thread_a():
+            try:
+                a = mr.allocate(nbytes, ptds)  # A's per-thread stream
+                scenarios.as_array(a, count, np.float32).set(host, stream=ptds)
+                with ptds:
+                    out.fill(0.0)
+                scenarios.slow_checksum(a, count, 100, out, ptds)  # reads a after 100 ms
+                box["a"] = a
+                launched.set()
+                freed.wait(60)
+                ptds.synchronize()  # A's per-thread stream, from A
+                box["sum"] = float(out.get(stream=ptds)[0])
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+                launched.set()
+
+        def thread_b():
+            try:
+                launched.wait(60)
+                a = box["a"]
+                mr.deallocate(a, nbytes, ptds)  # B's per-thread stream
+                b = mr.allocate(nbytes, ptds)
+                box["same"] = b == a
+                scenarios.fill(b, count, seed=trial + 1, stream=ptds)
+                ptds.synchronize()
+                mr.deallocate(b, nbytes, ptds)
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+            finally:
+                freed.set()
+
+        threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert box["same"], "the naive cache did not hand the block to thread B"
+        corrupted += not np.isclose(box["sum"], host.astype(np.float64).sum(), rtol=1e-9)
+        hazards = mr.hazards
+        assert [h.kind for h in hazards] == ["cross_stream_free"], f"trial {trial}: {hazards}"
+        [h] = hazards
+        assert h.pointer == box["a"] and h.size == nbytes
+        assert is_per_thread_key(h.stream) and len(h.streams) == 1
+        assert is_per_thread_key(h.streams[0]) and h.streams[0] != h.stream
+        assert "cannot be ordered" in h.message
+        mr.reset()
+    stats = mr.stats
+    print(f"\nper-thread streams of two threads: {corrupted}/{trials} corrupted, "
+          f"every trial reported; stats {stats}")
+    assert stats["unchecked"] >= trials  # each free from B could not be checked against A
+    assert corrupted >= 1, "the hazard was not observed as corruption"
+    assert mr.allocated_bytes == 0
 
 
 @pytest.mark.parametrize("declare", [False, True])

@@ -239,7 +239,8 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
 
     @property
     def stream_bytes(self) -> dict:
-        """Bytes allocated and not freed, per allocation stream handle (0: legacy default)."""
+        """Bytes allocated and not freed, per allocation stream key (the handle; 0: legacy
+        default; a per-thread default stream: ``(thread << 3) | 2``)."""
         return {int(k): int(v) for k, v in self.core.stream_bytes()}
 
     @property
@@ -254,8 +255,9 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
     @property
     def stats(self) -> dict:
         """Counters: ``allocations``, ``deallocations``, ``rejected_frees``, ``fences``,
-        ``stream_waits``, ``unchecked`` (checks skipped during stream capture), ``hazards``,
-        ``allocated_bytes``, ``peak_bytes``, ``pending_checks``."""
+        ``stream_waits``, ``unchecked`` (checks that could not be made: stream capture, a
+        failed event record, query or stream wait, another thread's per-thread default
+        stream), ``hazards``, ``allocated_bytes``, ``peak_bytes``, ``pending_checks``."""
         out = tracker_stats_dict(self.core.stats())
         out["pending_checks"] = self.core.pending_checks()
         return out
@@ -370,14 +372,20 @@ class HazardTrackingResourceAdaptor(_HazardTrackingResourceAdaptor):
       fence of its previous free on another stream had not completed.
     - ``cross_stream_free``: freed on a stream other than its allocation stream without being
       ordered after the work queued there: the fence recorded at the free completed while
-      that work still ran. Declaring the use with :meth:`record_stream` orders the free.
+      that work still ran. Declaring the use with :meth:`record_stream` orders the free. A
+      free that cannot be ordered after another thread's per-thread default stream (its
+      allocation stream or a declared one) is reported at once, and counted as unchecked.
+    - ``allocated_while_live``: the upstream handed out an address that is still live; both
+      allocations are tracked (each free takes the one of its size).
     - ``leak``: live at :meth:`report` or, with ``report_at_exit``, at exit.
 
     The tracker sees streams only through allocations, frees and :meth:`record_stream`: a
     block used on a stream it was never told about is invisible to it. Over a stream-ordered
-    upstream a free on the allocation stream makes no CUDA call; checks are skipped (and
-    counted in ``stats["unchecked"]``) while the stream involved is being captured.
-    Streams are identified by their handle.
+    upstream a free on the allocation stream makes no CUDA call. A check that cannot be made
+    is counted in ``stats["unchecked"]``, never passed nor reported falsely: while the stream
+    involved is being captured, when an event record, query or stream wait fails, for
+    another thread's per-thread default stream. Streams are identified by their handle, the
+    per-thread default stream by handle and thread.
 
     Examples
     --------

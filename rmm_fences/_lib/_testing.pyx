@@ -282,18 +282,30 @@ cdef class HostStreamOrderedPool:
         return pool_stats_dict(deref(self.c_obj).core().stats())
 
 
+# The hazard tracker on a simulated device.
+from libcpp.string cimport string  # noqa: E402
+
+
 cdef extern from "rmm_fences/testing/host_tracker.hpp" namespace "rmm_fences::testing":
     cdef cppclass sim_device:
         cpp_set[uintptr_t] capturing
+        cpp_set[uintptr_t] failing_records
+        cpp_set[uintptr_t] failing_queries
+        cpp_set[uintptr_t] failing_waits
+        size_t fail_next_records
+        size_t fail_next_queries
+        size_t fail_next_waits
         size_t fences_in_use
+        uint64_t fences_acquired
+        uint64_t fences_released
         void launch(uintptr_t) except +
         bool idle(uintptr_t) except +
         bool step(uintptr_t) except +
         size_t acquire() except +
         void release(size_t) except +
-        void record(size_t, uintptr_t) except +
+        bool record(size_t, uintptr_t, bool) except +
         bool ready(size_t) except +
-        void wait(uintptr_t, size_t) except +
+        bool wait(uintptr_t, size_t, bool) except +
 
     cdef cppclass sim_upstream_state "rmm_fences::testing::sim_upstream::state":
         uint64_t allocations
@@ -305,27 +317,53 @@ cdef extern from "rmm_fences/testing/host_tracker.hpp" namespace "rmm_fences::te
         bool deallocate(uintptr_t, void*, size_t, size_t, hazard_record*) except +
         bool record_stream(void*, uintptr_t) except +
         void poll() except +
+        void release_fences()
         vector[allocation_record] outstanding() except +
         vector[hazard_record] hazards() except +
         void reset() except +
         hazard_tracker_stats stats() except +
         size_t pending_checks() except +
 
+    cdef cppclass thread_run:
+        uint64_t allocations
+        uint64_t frees
+        uint64_t handed_over
+        uint64_t busy_frees
+        uint64_t foreign
+        uint64_t checks
+        vector[string] errors
+
     cdef cppclass sim_hazard_tracker:
         sim_hazard_tracker(bool) except +
         sim_device& device()
         sim_tracker_core& core()
-        const sim_upstream_state& upstream()
+        sim_upstream_state& upstream()
         int64_t annotations()
+        void hand_out_next(uintptr_t) except +
+        thread_run run_threads(unsigned, unsigned, unsigned, uint64_t) except + nogil
+
+    uintptr_t sim_key "rmm_fences::testing::sim_hazard_tracker::key"(uintptr_t)
+    void sim_set_thread "rmm_fences::testing::sim_hazard_tracker::set_simulated_thread"(
+        uint64_t)
+    uintptr_t sim_per_thread_key \
+        "rmm_fences::testing::sim_hazard_tracker::per_thread_key"(uint64_t)
 
 
 cdef class SimHazardTracker:
     """The hazard tracker's core on a simulated device.
 
     Streams are integers; ``launch(s)`` queues work on ``s`` that ``step(s)`` completes in
-    order. The upstream is a naive cache (``stream_ordered=False``: a freed block goes to the
-    next request of its size on any stream) or reuses blocks only on the freeing stream.
+    order. Stream 2 (``PER_THREAD``, as ``cudaStreamPerThread``) is the calling thread's
+    per-thread default stream: ``as_thread(n)`` makes the calling thread simulated thread
+    ``n`` (0: itself), ``per_thread_key(n)`` is the key of thread ``n``'s per-thread stream in
+    records. The upstream is a naive cache (``stream_ordered=False``: a freed block goes to
+    the next request of its size on any stream) or reuses blocks only on the freeing stream;
+    ``hand_out_next(ptr)`` makes it return ``ptr`` next. Faults: ``fail_records``,
+    ``fail_queries``, ``fail_waits`` (sets of streams whose tracker calls fail) and
+    ``fail_next(kind, n)``.
     """
+
+    PER_THREAD = 2
 
     cdef unique_ptr[sim_hazard_tracker] c_obj
 
@@ -358,28 +396,46 @@ cdef class SimHazardTracker:
     def reset(self) -> None:
         deref(self.c_obj).core().reset()
 
+    def release_fences(self) -> None:
+        """What the resource does at its end: every fence the core holds goes back."""
+        deref(self.c_obj).core().release_fences()
+
+    @staticmethod
+    def as_thread(uint64_t thread) -> None:
+        """Make the calling thread simulated thread ``thread`` (0: its own identity)."""
+        sim_set_thread(thread)
+
+    @staticmethod
+    def key(uintptr_t stream) -> int:
+        """The key of stream handle ``stream`` on the calling (simulated) thread."""
+        return sim_key(stream)
+
+    @staticmethod
+    def per_thread_key(uint64_t thread) -> int:
+        return sim_per_thread_key(thread)
+
     def launch(self, uintptr_t stream) -> None:
-        deref(self.c_obj).device().launch(stream)
+        deref(self.c_obj).device().launch(sim_key(stream))
 
     def step(self, uintptr_t stream) -> bool:
-        return deref(self.c_obj).device().step(stream)
+        return deref(self.c_obj).device().step(sim_key(stream))
 
     def idle(self, uintptr_t stream) -> bool:
-        return deref(self.c_obj).device().idle(stream)
+        return deref(self.c_obj).device().idle(sim_key(stream))
 
     def order(self, uintptr_t waiter, uintptr_t source) -> None:
         """What a user does to order ``waiter`` after ``source``: record and wait on a fence."""
         cdef sim_device* d = &deref(self.c_obj).device()
         cdef size_t f = d.acquire()
-        d.record(f, source)
-        d.wait(waiter, f)
+        d.record(f, sim_key(source), False)
+        d.wait(sim_key(waiter), f, False)
         d.release(f)
 
     def mark(self, uintptr_t stream) -> int:
         """A model fence recorded on ``stream`` now (for the test's own bookkeeping)."""
         cdef sim_device* d = &deref(self.c_obj).device()
         cdef size_t f = d.acquire()
-        d.record(f, stream)
+        d.record(f, sim_key(stream), False)
         return f
 
     def done(self, size_t fence) -> bool:
@@ -389,14 +445,70 @@ cdef class SimHazardTracker:
         deref(self.c_obj).device().release(fence)
 
     def begin_capture(self, uintptr_t stream) -> None:
-        deref(self.c_obj).device().capturing.insert(stream)
+        deref(self.c_obj).device().capturing.insert(sim_key(stream))
 
     def end_capture(self, uintptr_t stream) -> None:
-        deref(self.c_obj).device().capturing.erase(stream)
+        deref(self.c_obj).device().capturing.erase(sim_key(stream))
+
+    def fail_records(self, uintptr_t stream, bint on=True) -> None:
+        """The tracker's event records on ``stream`` fail (or no longer)."""
+        if on:
+            deref(self.c_obj).device().failing_records.insert(sim_key(stream))
+        else:
+            deref(self.c_obj).device().failing_records.erase(sim_key(stream))
+
+    def fail_queries(self, uintptr_t stream, bint on=True) -> None:
+        """Queries of fences last recorded on ``stream`` fail (or no longer)."""
+        if on:
+            deref(self.c_obj).device().failing_queries.insert(sim_key(stream))
+        else:
+            deref(self.c_obj).device().failing_queries.erase(sim_key(stream))
+
+    def fail_waits(self, uintptr_t stream, bint on=True) -> None:
+        """Device-side waits enqueued on ``stream`` by the tracker fail (or no longer)."""
+        if on:
+            deref(self.c_obj).device().failing_waits.insert(sim_key(stream))
+        else:
+            deref(self.c_obj).device().failing_waits.erase(sim_key(stream))
+
+    def fail_next(self, str kind, size_t count=1) -> None:
+        """The next ``count`` tracker calls of ``kind`` ("record", "query", "wait") fail."""
+        cdef sim_device* d = &deref(self.c_obj).device()
+        if kind == "record":
+            d.fail_next_records = count
+        elif kind == "query":
+            d.fail_next_queries = count
+        elif kind == "wait":
+            d.fail_next_waits = count
+        else:
+            raise ValueError(f"kind must be 'record', 'query' or 'wait', got {kind!r}")
+
+    def hand_out_next(self, uintptr_t ptr) -> None:
+        """The upstream's next allocation returns ``ptr`` (live or not)."""
+        deref(self.c_obj).hand_out_next(ptr)
+
+    def run_threads(self, unsigned threads, unsigned phases, unsigned steps,
+                    uint64_t seed=0) -> dict:
+        """Real threads on this tracker (see ``sim_hazard_tracker::run_threads``), GIL
+        released; what they did and the invariant violations found (``errors``)."""
+        cdef thread_run r
+        with nogil:
+            r = deref(self.c_obj).run_threads(threads, phases, steps, seed)
+        return {
+            "allocations": r.allocations, "frees": r.frees, "handed_over": r.handed_over,
+            "busy_frees": r.busy_frees, "foreign": r.foreign, "checks": r.checks,
+            "errors": [e.decode() for e in r.errors],
+        }
 
     @property
     def fences_in_use(self) -> int:
         return deref(self.c_obj).device().fences_in_use
+
+    @property
+    def fence_counts(self) -> tuple:
+        """(acquired, released) over the device's life (the tracker's and the test's)."""
+        cdef sim_device* d = &deref(self.c_obj).device()
+        return (d.fences_acquired, d.fences_released)
 
     @property
     def hazards(self) -> list:
@@ -410,7 +522,7 @@ cdef class SimHazardTracker:
     @property
     def upstream_calls(self) -> tuple:
         """(allocations, deallocations, deallocations of blocks it never handed out)."""
-        cdef const sim_upstream_state* u = &deref(self.c_obj).upstream()
+        cdef sim_upstream_state* u = &deref(self.c_obj).upstream()
         return (u.allocations, u.deallocations, u.bad_deallocations)
 
     @property

@@ -22,6 +22,7 @@ cdef extern from "rmm_fences/detail/hazard_tracker_core.hpp" namespace "rmm_fenc
         foreign_free
         size_mismatch
         leak
+        allocated_while_live
 
     cdef cppclass hazard_record:
         hazard_kind kind
@@ -64,7 +65,7 @@ cdef inline str _stack_text(shared_ptr[const stack_trace] stack):
 cdef inline tuple hazard_fields(const hazard_record& h):
     """(kind, ptr, size, tracked_size, stream, streams, stack, allocation_stack, serial, raised)."""
     kinds = ("freed_in_flight", "reuse_before_fence", "cross_stream_free", "double_free",
-             "foreign_free", "size_mismatch", "leak")
+             "foreign_free", "size_mismatch", "leak", "allocated_while_live")
     return (
         kinds[<int>h.kind], h.ptr, h.size, h.tracked_size, h.stream, tuple(h.streams),
         _stack_text(h.stack), _stack_text(h.allocation_stack), h.serial, h.raised,

@@ -12,10 +12,13 @@ namespace rmm_fences::mr {
 /**
  * @brief Tracks every live allocation with its streams and reports the hazards of freeing
  * while device work may still use a block: `freed_in_flight`, `reuse_before_fence`,
- * `cross_stream_free`, `double_free`, `foreign_free`, `size_mismatch` (see DESIGN.md).
+ * `cross_stream_free`, `double_free`, `foreign_free`, `size_mismatch`, and an upstream that
+ * hands out a live address, `allocated_while_live` (docs/hazard_tracking.md).
  *
  * Bad frees never reach the upstream. Hazards are recorded (and handed to a hook), never
- * thrown from `deallocate`.
+ * thrown from `deallocate`. A check that cannot be made (stream capture, a failed event
+ * record, query or wait, another thread's per-thread default stream) is counted in
+ * `stats().unchecked`, never read as passed.
  *
  * Copyable: copies share one state (`cuda::mr::shared_resource`).
  */

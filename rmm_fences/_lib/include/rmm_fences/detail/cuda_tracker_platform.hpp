@@ -1,13 +1,15 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * CUDA mechanism (DESIGN.md layer 2) of the hazard tracker: pooled events as fences, device-side
- * waits, capture state and NVTX annotations.
+ * CUDA mechanism of the hazard tracker: pooled events as fences (tested with
+ * `cuda_event_fence_ops::query`: an error is `failed`, never complete), device-side waits,
+ * capture state and NVTX annotations.
  */
 #pragma once
 
 #include <rmm_fences/detail/cuda_events.hpp>
 #include <rmm_fences/detail/driver_api.hpp>
+#include <rmm_fences/detail/hazard_tracker_core.hpp>
 #include <rmm_fences/detail/nvtx_memory.hpp>
 
 #include <rmm/cuda_device.hpp>
@@ -17,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace rmm_fences::detail {
 
@@ -24,18 +27,35 @@ namespace rmm_fences::detail {
 class cuda_tracker_platform : public cuda_event_fence_ops {
  public:
   using stream_type = cuda::stream_ref;
+  using fence_state = rmm_fences::detail::fence_state;
 
   cuda_tracker_platform(rmm::cuda_device_id device, bool nvtx) : events_{device}, nvtx_{nvtx} {}
 
-  /// The stream handle; the legacy default stream is 0 however it is named.
+  /**
+   * @brief The stream handle; the legacy default stream is 0 however it is named, and the
+   * per-thread default stream (one handle on every thread, another stream on each) is keyed by
+   * its thread (`per_thread_stream_keys`).
+   */
   static std::uintptr_t key(cuda::stream_ref stream) noexcept
   {
     auto const handle = stream.get();
-    return handle == cudaStreamLegacy ? 0 : reinterpret_cast<std::uintptr_t>(handle);
+    if (handle == cudaStreamLegacy) { return 0; }
+    if (handle == cudaStreamPerThread) {
+      return per_thread_stream_keys::key(per_thread_stream_keys::this_thread_token());
+    }
+    return reinterpret_cast<std::uintptr_t>(handle);
   }
 
-  static cuda::stream_ref stream(std::uintptr_t key) noexcept
+  /// The stream of `key`, or nullopt for another thread's per-thread default stream (its
+  /// handle would name the calling thread's own).
+  static std::optional<cuda::stream_ref> stream(std::uintptr_t key) noexcept
   {
+    if (per_thread_stream_keys::is_per_thread(key)) {
+      if (key != per_thread_stream_keys::key(per_thread_stream_keys::this_thread_token())) {
+        return std::nullopt;
+      }
+      return cuda::stream_ref{cudaStreamPerThread};
+    }
     return cuda::stream_ref{reinterpret_cast<cudaStream_t>(key)};
   }
 

@@ -7,11 +7,17 @@
  *
  * Platform provides
  *   stream_type, fence_type
- *   static std::uintptr_t key(stream_type)           stream identity in records
- *   static stream_type stream(std::uintptr_t key)     and back
+ *   fence_state: an enum with complete, pending, failed (what a non-blocking test found)
+ *   static std::uintptr_t key(stream_type)           stream identity in records; a per-thread
+ *                                                     default stream's key names its thread
+ *                                                     (`per_thread_stream_key`)
+ *   static std::optional<stream_type> stream(std::uintptr_t key)
+ *                                                     and back; nullopt when the calling thread
+ *                                                     cannot name that stream (another thread's
+ *                                                     per-thread default stream)
  *   fence_type acquire_fence(); void release_fence(fence_type)
  *   bool record(fence_type, stream_type)              false: not recorded (no information)
- *   bool ready(fence_type)                            a recorded fence completed
+ *   fence_state query(fence_type)                     of a recorded fence; failed: no information
  *   bool wait(stream_type waiter, fence_type)         device-side wait, no host block
  *   bool is_capturing(stream_type)                    no fence is touched on such a stream
  *   void annotate_allocation(void*, std::size_t); void annotate_free(void*)
@@ -22,7 +28,12 @@
  * - A bad free (double, foreign, wrong size) never reaches the upstream and leaves the live
  *   block, if any, untouched.
  * - Every fence the core acquires is released exactly once (when its check is settled, or at
- *   destruction).
+ *   destruction), on every path, exceptions included.
+ * - A check that could not be made (a failed record, query or wait, a capturing stream, a
+ *   stream this thread cannot name) is counted in `unchecked`: a failure is never read as
+ *   "complete" (no silent pass) nor as "in flight" (no false hazard).
+ * - allocations - deallocations == the live records (`outstanding()`), also when the upstream
+ *   hands out an address that is still live (both records are kept).
  * - Hooks are called with the lock released.
  */
 #pragma once
@@ -45,15 +56,45 @@
 
 namespace rmm_fences::detail {
 
-/// The hazards of DESIGN.md, in the order their names are listed there.
+/// The hazards, in the order of `rmm_fences._hazards.HAZARD_KINDS`.
 enum class hazard_kind : int {
-  freed_in_flight    = 0,
-  reuse_before_fence = 1,
-  cross_stream_free  = 2,
-  double_free        = 3,
-  foreign_free       = 4,
-  size_mismatch      = 5,
-  leak               = 6,
+  freed_in_flight      = 0,
+  reuse_before_fence   = 1,
+  cross_stream_free    = 2,
+  double_free          = 3,
+  foreign_free         = 4,
+  size_mismatch        = 5,
+  leak                 = 6,
+  allocated_while_live = 7,  ///< the upstream handed out an address that is still live
+};
+
+/**
+ * @brief Stream keys of per-thread default streams.
+ *
+ * The per-thread default stream's handle (2 in CUDA) names another stream on every thread, so
+ * its key carries a token of the thread: `(token << 3) | 2`, token >= 1. Stream handles are
+ * pointers to driver objects (8-byte aligned), so such a key never equals a handle.
+ */
+struct per_thread_stream_keys {
+  static constexpr std::uintptr_t tag = 2;
+
+  /// A token of the calling thread, never reused in the process (counted from 1).
+  static std::uint64_t this_thread_token() noexcept
+  {
+    static std::atomic<std::uint64_t> next{1};
+    thread_local std::uint64_t const token = next.fetch_add(1, std::memory_order_relaxed);
+    return token;
+  }
+
+  static constexpr std::uintptr_t key(std::uint64_t token) noexcept
+  {
+    return (static_cast<std::uintptr_t>(token) << 3U) | tag;
+  }
+
+  static constexpr bool is_per_thread(std::uintptr_t key) noexcept
+  {
+    return (key & 7U) == tag && key > 7U;
+  }
 };
 
 /// One observed hazard.
@@ -88,7 +129,10 @@ struct hazard_tracker_stats {
   std::uint64_t rejected_frees{};  ///< bad frees kept from the upstream
   std::uint64_t fences{};          ///< fences recorded
   std::uint64_t stream_waits{};    ///< device-side waits for declared streams
-  std::uint64_t unchecked{};       ///< checks skipped (stream capture, lost fences)
+  /// Checks that could not be made: a stream being captured, a failed event record, query or
+  /// stream wait, a stream the freeing thread cannot name (another thread's per-thread default
+  /// stream), a watched range dropped at the cap, no fence to be had.
+  std::uint64_t unchecked{};
   std::uint64_t hazards{};         ///< hazards observed (including dropped ones)
   std::size_t allocated_bytes{};
   std::size_t peak_bytes{};
@@ -99,6 +143,7 @@ class hazard_tracker_core {
  public:
   using stream_type = typename Platform::stream_type;
   using fence_type  = typename Platform::fence_type;
+  using fence_state = typename Platform::fence_state;
   /// Called for each hazard not raised to the caller, with the lock released.
   using hazard_hook = void (*)(hazard_record const&, void* context);
 
@@ -182,6 +227,10 @@ class hazard_tracker_core {
    * has not completed, handed out on another stream, is a `reuse_before_fence`. A strict call
    * (`stopped` given) sends that block straight back to the upstream, fills `*stopped` and
    * returns nullptr.
+   *
+   * An address that is still live, handed out again by the upstream, is an
+   * `allocated_while_live` (never stopped: the upstream's first block is still in use). Both
+   * records are kept: each later free of that address takes the record of its size.
    */
   void* allocate(stream_type stream,
                  std::size_t bytes,
@@ -210,12 +259,31 @@ class hazard_tracker_core {
         }
       }
       if (!give_back) {
-        live_.insert_or_assign(
-          key, live_block{bytes, Platform::key(stream), {}, std::move(stack), ++serial_});
+        live_block record{bytes, Platform::key(stream), {}, stack, serial_ + 1, nullptr};
+        if (auto* const existing = live_.find(key); existing != nullptr) {
+          hazard_record hazard{};
+          hazard.kind             = hazard_kind::allocated_while_live;
+          hazard.ptr              = key;
+          hazard.size             = bytes;
+          hazard.tracked_size     = existing->size;
+          hazard.stream           = record.stream;
+          hazard.streams          = {existing->stream};
+          hazard.stack            = std::move(stack);
+          hazard.allocation_stack = existing->stack;
+          auto earlier            = std::make_unique<live_block>();  // may throw: nothing changed
+          note_locked(std::move(hazard), notices);
+          *earlier       = std::move(*existing);  // no throw from here on
+          record.earlier = std::move(earlier);
+          *existing      = std::move(record);
+          shadowed_ += 1;
+        } else {
+          live_.insert_or_assign(key, std::move(record));
+          platform_.annotate_allocation(ptr, bytes);
+        }
+        ++serial_;
         stats_.allocations += 1;
         stats_.allocated_bytes += bytes;
         stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.allocated_bytes);
-        platform_.annotate_allocation(ptr, bytes);
       }
     } catch (...) {
       upstream_.deallocate(stream, ptr, bytes, alignment);  // bookkeeping failed: lose nothing
@@ -264,30 +332,48 @@ class hazard_tracker_core {
         hazard.stack        = stack;
         stats_.rejected_frees += 1;
         halted = stop_or_note_locked(std::move(hazard), stopped, notices);
-      } else if (block->size != bytes) {
-        hazard_record hazard{};
-        hazard.kind             = hazard_kind::size_mismatch;
-        hazard.ptr              = key;
-        hazard.size             = bytes;
-        hazard.tracked_size     = block->size;
-        hazard.stream           = Platform::key(stream);
-        hazard.stack            = stack;
-        hazard.allocation_stack = block->stack;
-        stats_.rejected_frees += 1;
-        halted = stop_or_note_locked(std::move(hazard), stopped, notices);
       } else {
-        try {
-          halted = fence_free_locked(stream, key, *block, stack, stopped, notices);
-        } catch (...) {
-          stats_.unchecked += 1;  // no fence (out of events or host memory): free unchecked
+        // The record of this size (several only after an `allocated_while_live`).
+        live_block* parent = nullptr;
+        live_block* match  = block;
+        while (match != nullptr && match->size != bytes) {
+          parent = match;
+          match  = match->earlier.get();
         }
-        if (!halted) {
-          remember_freed_locked(key, bytes);
-          stats_.deallocations += 1;
-          stats_.allocated_bytes -= bytes;
-          platform_.annotate_free(ptr);
-          (void)live_.take(key);
-          release = true;
+        if (match == nullptr) {
+          hazard_record hazard{};
+          hazard.kind             = hazard_kind::size_mismatch;
+          hazard.ptr              = key;
+          hazard.size             = bytes;
+          hazard.tracked_size     = block->size;
+          hazard.stream           = Platform::key(stream);
+          hazard.stack            = stack;
+          hazard.allocation_stack = block->stack;
+          stats_.rejected_frees += 1;
+          halted = stop_or_note_locked(std::move(hazard), stopped, notices);
+        } else {
+          try {
+            halted = fence_free_locked(stream, key, *match, stack, stopped, notices);
+          } catch (...) {
+            stats_.unchecked += 1;  // no fence (out of events or host memory): free unchecked
+          }
+          if (!halted) {
+            remember_freed_locked(key, bytes);
+            stats_.deallocations += 1;
+            stats_.allocated_bytes -= bytes;
+            if (parent != nullptr) {
+              parent->earlier = std::move(match->earlier);
+              shadowed_ -= 1;
+            } else if (block->earlier) {
+              auto earlier = std::move(block->earlier);
+              *block       = std::move(*earlier);
+              shadowed_ -= 1;
+            } else {
+              platform_.annotate_free(ptr);
+              (void)live_.take(key);
+            }
+            release = true;
+          }
         }
       }
     }
@@ -306,10 +392,12 @@ class hazard_tracker_core {
   bool record_stream(void* ptr, stream_type stream)
   {
     std::lock_guard<spin_mutex> lock(mutex_);
-    auto* const block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    auto* block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (block == nullptr) { return false; }
     auto const key = Platform::key(stream);
-    if (!declares(*block, key)) { block->declared.push_back(key); }
+    for (; block != nullptr; block = block->earlier.get()) {  // every record of the address
+      if (!declares(*block, key)) { block->declared.push_back(key); }
+    }
     return true;
   }
 
@@ -324,15 +412,17 @@ class hazard_tracker_core {
     notify(notices);
   }
 
-  /// The live blocks, oldest first.
+  /// The live blocks, oldest first (an address handed out twice is listed twice).
   [[nodiscard]] std::vector<allocation_record> outstanding() const
   {
     std::vector<allocation_record> out;
     std::lock_guard<spin_mutex> lock(mutex_);
-    out.reserve(live_.size());
-    live_.for_each([&](std::uintptr_t ptr, live_block const& block) {
-      out.push_back(
-        allocation_record{ptr, block.size, block.stream, block.declared, block.stack, block.serial});
+    out.reserve(live_.size() + shadowed_);
+    live_.for_each([&](std::uintptr_t ptr, live_block const& head) {
+      for (auto const* block = &head; block != nullptr; block = block->earlier.get()) {
+        out.push_back(allocation_record{
+          ptr, block->size, block->stream, block->declared, block->stack, block->serial});
+      }
     });
     std::sort(out.begin(), out.end(), [](auto const& a, auto const& b) {
       return a.serial < b.serial;
@@ -367,8 +457,11 @@ class hazard_tracker_core {
     std::map<std::uintptr_t, std::size_t> bytes;
     {
       std::lock_guard<spin_mutex> lock(mutex_);
-      live_.for_each(
-        [&](std::uintptr_t, live_block const& block) { bytes[block.stream] += block.size; });
+      live_.for_each([&](std::uintptr_t, live_block const& head) {
+        for (auto const* block = &head; block != nullptr; block = block->earlier.get()) {
+          bytes[block->stream] += block->size;
+        }
+      });
     }
     return {bytes.begin(), bytes.end()};
   }
@@ -387,6 +480,33 @@ class hazard_tracker_core {
     std::vector<std::uintptr_t> declared;  ///< streams declared with record_stream (keys)
     std::shared_ptr<stack_trace const> stack;
     std::uint64_t serial{};
+    /// An earlier allocation of the same address, still live (`allocated_while_live`).
+    std::unique_ptr<live_block> earlier;
+  };
+
+  /// A fence released when it goes out of scope unless `take()`n (no fence lost on a throw).
+  class held_fence {
+   public:
+    explicit held_fence(Platform& platform) : platform_{platform}, fence_{platform.acquire_fence()}
+    {
+    }
+    held_fence(held_fence const&)            = delete;
+    held_fence& operator=(held_fence const&) = delete;
+    ~held_fence()
+    {
+      if (held_) { platform_.release_fence(fence_); }
+    }
+    [[nodiscard]] fence_type get() const noexcept { return fence_; }
+    fence_type take() noexcept
+    {
+      held_ = false;
+      return fence_;
+    }
+
+   private:
+    Platform& platform_;
+    fence_type fence_;
+    bool held_{true};
   };
 
   /// A block freed over an upstream that is not stream-ordered, until its fence completes.
@@ -453,38 +573,58 @@ class hazard_tracker_core {
     }
 
     std::vector<std::uintptr_t> in_flight;
+    std::vector<std::uintptr_t> unreachable;  // streams this thread cannot name
     for (auto const user_key : block.declared) {
       if (user_key == free_key) { continue; }
       auto const user = Platform::stream(user_key);
-      if (platform_.is_capturing(user)) {
+      if (!user) {
+        unreachable.push_back(user_key);
+        continue;
+      }
+      if (platform_.is_capturing(*user)) {
         stats_.unchecked += 1;
         continue;
       }
-      auto const fence = platform_.acquire_fence();
-      if (platform_.record(fence, user)) {
-        stats_.fences += 1;
-        if (!ordered_ && !platform_.ready(fence)) { in_flight.push_back(user_key); }
-        if (platform_.wait(stream, fence)) { stats_.stream_waits += 1; }
+      held_fence fence{platform_};
+      if (!platform_.record(fence.get(), *user)) {
+        stats_.unchecked += 1;  // neither ordered nor checked
+        continue;
       }
-      platform_.release_fence(fence);
+      stats_.fences += 1;
+      if (!ordered_) { test_locked(fence.get(), user_key, in_flight); }
+      if (platform_.wait(stream, fence.get())) {
+        stats_.stream_waits += 1;
+      } else {
+        stats_.unchecked += 1;  // the free is not ordered after the declared stream
+      }
     }
 
     if (!ordered_) {
-      auto const free_fence = platform_.acquire_fence();
-      bool const recorded   = platform_.record(free_fence, stream);
+      held_fence free_fence{platform_};
+      bool const recorded = platform_.record(free_fence.get(), stream);
       if (recorded) {
         stats_.fences += 1;
-        if (!platform_.ready(free_fence)) { in_flight.insert(in_flight.begin(), free_key); }
+        std::vector<std::uintptr_t> mine;
+        test_locked(free_fence.get(), free_key, mine);
+        in_flight.insert(in_flight.begin(), mine.begin(), mine.end());
       } else {
         stats_.unchecked += 1;
       }
-      if (undeclared_user && !platform_.is_capturing(Platform::stream(alloc_key))) {
-        auto const user_fence = platform_.acquire_fence();
-        if (platform_.record(user_fence, Platform::stream(alloc_key))) {
-          stats_.fences += 1;
-          if (!platform_.ready(user_fence)) { in_flight.push_back(alloc_key); }
+      if (undeclared_user) {
+        auto const user = Platform::stream(alloc_key);
+        if (!user) {
+          unreachable.push_back(alloc_key);
+        } else if (platform_.is_capturing(*user)) {
+          stats_.unchecked += 1;
+        } else {
+          held_fence user_fence{platform_};
+          if (platform_.record(user_fence.get(), *user)) {
+            stats_.fences += 1;
+            test_locked(user_fence.get(), alloc_key, in_flight);
+          } else {
+            stats_.unchecked += 1;
+          }
         }
-        platform_.release_fence(user_fence);
       }
       if (!in_flight.empty()) {
         hazard_record hazard{};
@@ -497,48 +637,105 @@ class hazard_tracker_core {
         hazard.stack            = stack;
         hazard.allocation_stack = block.stack;
         if (stopped != nullptr) {
-          platform_.release_fence(free_fence);
           hazard.raised = true;
           *stopped      = note_locked(std::move(hazard), notices);
           return true;
         }
         note_locked(std::move(hazard), notices);
       }
-      if (recorded) {
-        watch_freed_locked(ptr, block.size, free_key, free_fence);
-      } else {
-        platform_.release_fence(free_fence);
-      }
+      note_unreachable_locked(ptr, block, free_key, std::move(unreachable), stack, notices);
+      if (recorded) { watch_freed_locked(ptr, block.size, free_key, free_fence); }
       return false;
     }
 
     // Stream-ordered upstream: only the undeclared allocation stream can race with reuse.
-    if (!undeclared_user || platform_.is_capturing(Platform::stream(alloc_key))) {
-      return false;
+    if (undeclared_user) {
+      auto const user = Platform::stream(alloc_key);
+      if (!user) {
+        unreachable.push_back(alloc_key);
+      } else if (platform_.is_capturing(*user)) {
+        stats_.unchecked += 1;
+      } else {
+        check_cross_locked(stream, *user, ptr, block, free_key, stack, notices);
+      }
     }
-    auto const user_fence = platform_.acquire_fence();
-    if (!platform_.record(user_fence, Platform::stream(alloc_key))) {
-      platform_.release_fence(user_fence);
-      stats_.unchecked += 1;
-      return false;
-    }
-    stats_.fences += 1;
-    if (platform_.ready(user_fence)) {
-      platform_.release_fence(user_fence);
-      return false;
-    }
-    auto const free_fence = platform_.acquire_fence();
-    if (!platform_.record(free_fence, stream)) {
-      platform_.release_fence(free_fence);
-      platform_.release_fence(user_fence);
-      stats_.unchecked += 1;
-      return false;
-    }
-    stats_.fences += 1;
-    pending_.push_back(
-      cross_check{ptr, block.size, free_key, alloc_key, user_fence, free_fence, stack, block.stack});
-    settle_cross_checks_locked(notices);
+    note_unreachable_locked(ptr, block, free_key, std::move(unreachable), stack, notices);
     return false;
+  }
+
+  /// Tests a fence just recorded on `key`'s stream: pending adds `key` to `in_flight`; a
+  /// failed test is counted as unchecked (never read as complete nor as in flight).
+  void test_locked(fence_type fence, std::uintptr_t key, std::vector<std::uintptr_t>& in_flight)
+  {
+    switch (platform_.query(fence)) {
+      case fence_state::complete: break;
+      case fence_state::pending: in_flight.push_back(key); break;
+      default: stats_.unchecked += 1; break;
+    }
+  }
+
+  /// Starts the deferred check of a free on `stream` of a block allocated on `user`, an
+  /// undeclared stream, over a stream-ordered upstream.
+  void check_cross_locked(stream_type stream,
+                          stream_type user,
+                          std::uintptr_t ptr,
+                          live_block const& block,
+                          std::uintptr_t free_key,
+                          std::shared_ptr<stack_trace const> const& stack,
+                          std::vector<hazard_record>& notices)
+  {
+    held_fence user_fence{platform_};
+    if (!platform_.record(user_fence.get(), user)) {
+      stats_.unchecked += 1;
+      return;
+    }
+    stats_.fences += 1;
+    switch (platform_.query(user_fence.get())) {
+      case fence_state::complete: return;  // the allocation stream's work ran
+      case fence_state::pending: break;
+      default: stats_.unchecked += 1; return;
+    }
+    held_fence free_fence{platform_};
+    if (!platform_.record(free_fence.get(), stream)) {
+      stats_.unchecked += 1;
+      return;
+    }
+    stats_.fences += 1;
+    pending_.push_back(cross_check{ptr,
+                                   block.size,
+                                   free_key,
+                                   block.stream,
+                                   user_fence.get(),
+                                   free_fence.get(),
+                                   stack,
+                                   block.stack});
+    (void)user_fence.take();
+    (void)free_fence.take();
+    settle_cross_checks_locked(notices);
+  }
+
+  /// A free on a stream that cannot be ordered after `unreachable` (other threads' per-thread
+  /// default streams, which the freeing thread cannot name): reported as a `cross_stream_free`
+  /// that could not be checked, and counted as unchecked.
+  void note_unreachable_locked(std::uintptr_t ptr,
+                               live_block const& block,
+                               std::uintptr_t free_key,
+                               std::vector<std::uintptr_t> unreachable,
+                               std::shared_ptr<stack_trace const> const& stack,
+                               std::vector<hazard_record>& notices)
+  {
+    if (unreachable.empty()) { return; }
+    stats_.unchecked += unreachable.size();
+    hazard_record hazard{};
+    hazard.kind             = hazard_kind::cross_stream_free;
+    hazard.ptr              = ptr;
+    hazard.size             = block.size;
+    hazard.tracked_size     = block.size;
+    hazard.stream           = free_key;
+    hazard.streams          = std::move(unreachable);
+    hazard.stack            = stack;
+    hazard.allocation_stack = block.stack;
+    note_locked(std::move(hazard), notices);
   }
 
   /// A freed range overlapping [ptr, ptr + bytes) with an unfinished fence of another stream.
@@ -560,7 +757,10 @@ class hazard_tracker_core {
         ++it;
         continue;
       }
-      if (!found && range.stream != key && !platform_.ready(range.fence)) {
+      auto const state = !found && range.stream != key ? platform_.query(range.fence)
+                                                       : fence_state::complete;
+      if (state == fence_state::failed) { stats_.unchecked += 1; }
+      if (state == fence_state::pending) {
         hazard_record hazard{};
         hazard.kind         = hazard_kind::reuse_before_fence;
         hazard.ptr          = ptr;
@@ -578,15 +778,22 @@ class hazard_tracker_core {
   }
 
   void watch_freed_locked(std::uintptr_t ptr, std::size_t size, std::uintptr_t stream,
-                          fence_type fence)
+                          held_fence& fence)
   {
     if (freed_.size() >= max_freed_ranges) {
       drop_oldest_freed_locked();
       stats_.unchecked += 1;
     }
-    auto const serial = ++freed_serial_;
-    freed_.emplace(ptr, freed_range{size, stream, fence, serial});
-    freed_order_.emplace_back(ptr, serial);
+    auto const serial = freed_serial_ + 1;
+    auto const it     = freed_.emplace(ptr, freed_range{size, stream, fence.get(), serial});
+    try {
+      freed_order_.emplace_back(ptr, serial);
+    } catch (...) {
+      freed_.erase(it);
+      throw;
+    }
+    (void)fence.take();
+    freed_serial_   = serial;
     max_freed_size_ = std::max(max_freed_size_, size);
   }
 
@@ -619,7 +826,10 @@ class hazard_tracker_core {
     if (freed_order_.empty()) { return; }  // always so over a stream-ordered upstream
     for (std::size_t i = 0; i < freed_polls_per_call && !freed_.empty(); ++i) {
       auto const it = oldest_freed_locked();
-      if (it == freed_.end() || !platform_.ready(it->second.fence)) { break; }
+      // pending, or a failed test (retried later; a reuse tests it again)
+      if (it == freed_.end() || platform_.query(it->second.fence) != fence_state::complete) {
+        break;
+      }
       platform_.release_fence(it->second.fence);
       freed_.erase(it);
       freed_order_.pop_front();
@@ -632,16 +842,20 @@ class hazard_tracker_core {
 
   /// A cross-stream free is proven unordered when its fence completes before the work that
   /// was queued on the allocation stream at the free; settled either way once one completes.
+  /// A failed test settles it as unchecked (a later answer could hide the order in between).
   void settle_cross_checks_locked(std::vector<hazard_record>& notices)
   {
     for (auto it = pending_.begin(); it != pending_.end();) {
-      bool const user_done = platform_.ready(it->user_fence);
-      bool const free_done = !user_done && platform_.ready(it->free_fence);
-      if (!user_done && !free_done) {
+      auto const user = platform_.query(it->user_fence);
+      auto const free =
+        user == fence_state::pending ? platform_.query(it->free_fence) : fence_state::pending;
+      if (user == fence_state::pending && free == fence_state::pending) {
         ++it;
         continue;
       }
-      if (free_done) {
+      bool const failed = user == fence_state::failed || free == fence_state::failed;
+      if (failed) { stats_.unchecked += 1; }
+      if (user == fence_state::pending && free == fence_state::complete) {
         hazard_record hazard{};
         hazard.kind             = hazard_kind::cross_stream_free;
         hazard.ptr              = it->ptr;
@@ -714,6 +928,7 @@ class hazard_tracker_core {
   std::vector<cross_check> pending_;
   std::vector<freed_address> recently_freed_;
   std::vector<hazard_record> hazards_;
+  std::size_t shadowed_{};  ///< earlier records of live addresses (`live_block::earlier`)
   hazard_tracker_stats stats_{};
   std::uint64_t serial_{};
   hazard_hook hook_{};
