@@ -435,6 +435,7 @@ def test_another_threads_per_thread_stream_does_not_arm_a_parked_block():
         h.deallocate(h.allocate(64, stream=2), 64, stream=2)  # thread 1's stream: identity known
         h.signal_stream(2)
         ptr = h.allocate(64, stream=2)
+        h.launch(2)  # work on thread 1's stream that uses ptr and is still running
         n = len(h.releases)  # host memory reuses addresses: look only at later releases
         h.begin_capture(2)  # thread 1's per-thread default stream
         h.deallocate(ptr, 64, stream=2)

@@ -66,6 +66,7 @@ cdef extern from "rmm_fences/testing/host_sync_on_free.hpp" namespace "rmm_fence
         void end_capture(uintptr_t) except +
         void reuse_handle(uintptr_t) except +
         uint64_t resolve(uintptr_t) except +
+        void launch(uintptr_t) except +
 
     cdef cppclass release_record "rmm_fences::testing::host_upstream::release_record":
         uintptr_t ptr
@@ -159,6 +160,10 @@ cdef class HostSyncOnFree:
 
     def signal_all(self) -> None:
         deref(self.c_obj).board().signal_all()
+
+    def launch(self, uintptr_t stream) -> None:
+        """Queue work on ``stream`` (captured, not run, while it captures)."""
+        deref(self.c_obj).board().launch(stream)
 
     def begin_capture(self, uintptr_t stream) -> None:
         deref(self.c_obj).board().begin_capture(stream)
