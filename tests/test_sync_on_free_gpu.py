@@ -334,3 +334,78 @@ def test_size_mismatch_and_foreign_pointer_raise_and_change_nothing(cupy):
     mr.deallocate(a, nbytes)
     mr.flush()
     assert naive.cached_bytes == nbytes and mr.pending_count == 0
+
+
+def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cupy, scenarios,
+                                                                              rng):
+    """Thread A frees a block in a capture of its per-thread default stream while a slow kernel
+    on that stream still reads it. Thread B then uses its own per-thread default stream (the
+    same handle value, another stream): its calls must not fence and release A's block, so the
+    block B allocates and overwrites is never A's."""
+    trials, nbytes, spin_ms = 5, 4 << 20, 100.0
+    count = nbytes // 4
+    naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
+    mr = SyncOnFreeResourceAdaptor(naive, mode="deferred")
+    ptds = cupy.cuda.Stream.ptds
+    rptds = rmm.pylibrmm.stream.PER_THREAD_DEFAULT_STREAM
+    outs = cupy.zeros(trials, dtype=cupy.float64)
+    scratch = cupy.empty(1024, dtype=cupy.uint32)
+    cupy.cuda.Device().synchronize()
+    refs, taken, failures = [], [], []
+
+    for i in range(trials):
+        host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
+        refs.append(host.astype(np.float64).sum())
+        parked, done = threading.Event(), threading.Event()
+
+        def thread_a(i=i, host=host, parked=parked):
+            try:
+                a = mr.allocate(nbytes, rptds)
+                scenarios.as_array(a, count, np.float32).set(host, stream=ptds)
+                scenarios.slow_checksum(a, count, spin_ms, outs[i:i + 1], ptds)
+                ptds.begin_capture()
+                try:
+                    scenarios.fill(scratch.data.ptr, scratch.size, 5, ptds)
+                    mr.deallocate(a, nbytes, rptds)  # parked: A's stream is capturing
+                finally:
+                    ptds.end_capture()
+                taken.append(("a", a))
+            except Exception as exc:  # reported below
+                failures.append(exc)
+            finally:
+                parked.set()
+
+        def thread_b(i=i, parked=parked, done=done):
+            try:
+                parked.wait(30)
+                small = mr.allocate(256, rptds)  # B's per-thread stream, outside capture
+                mr.deallocate(small, 256, rptds)
+                ptds.synchronize()  # B's stream is idle: a fence recorded on it completes
+                mr.deallocate(mr.allocate(256, rptds), 256, rptds)  # polls
+                b = mr.allocate(nbytes, rptds)
+                scenarios.fill(b, count, int(i) + 1000, ptds)
+                ptds.synchronize()
+                taken.append(("b", b))
+                mr.deallocate(b, nbytes, rptds)
+            except Exception as exc:  # reported below
+                failures.append(exc)
+            finally:
+                done.set()
+
+        ta = threading.Thread(target=thread_a)
+        tb = threading.Thread(target=thread_b)
+        ta.start()
+        tb.start()
+        ta.join(60)
+        tb.join(60)
+        cupy.cuda.Device().synchronize()
+    assert not failures, failures
+    got = outs.get()
+    corrupted = sum(not np.isclose(g, r, rtol=1e-9, atol=1e-6) for g, r in zip(got, refs))
+    a_blocks = {p for kind, p in taken if kind == "a"}
+    reused = sum(1 for kind, p in taken if kind == "b" and p in a_blocks)
+    print(f"\nper-thread stream capture: {corrupted}/{trials} corrupted, {reused} of A's blocks "
+          f"taken by B, {mr.stats}")
+    assert corrupted == 0, f"{corrupted}/{trials} checksums corrupted"
+    mr.flush()
+    assert mr.pending_count == 0
