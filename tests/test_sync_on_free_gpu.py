@@ -242,15 +242,15 @@ def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, sc
         mr.deallocate(p, nbytes, r2)
     mr.flush()
     assert naive.cached_bytes == trials * nbytes
+    outs = cupy.zeros(trials, dtype=cupy.float64)
+    warm = cupy.zeros(1, dtype=cupy.float64)
+    scenarios.fill(blocks[0], 16, 1, s1)  # loads the kernels' module before the capture
+    scenarios.slow_checksum(blocks[0], 16, 0.01, warm, s1, grid=1)
     refs = []
     for a in blocks:
         host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
         scenarios.as_array(a, count, np.float32).set(host, stream=s1)
         refs.append(host.astype(np.float64).sum())
-    outs = cupy.zeros(trials, dtype=cupy.float64)
-    warm = cupy.zeros(1, dtype=cupy.float64)
-    scenarios.slow_checksum(blocks[0], 16, 0.01, warm, s1, grid=1)
-    scenarios.fill(spares[0], 16, 1, s2)  # a cached spare: writing it is harmless
     seeds = [int(x) for x in rng.integers(1, 2**32, size=trials)]
     cupy.cuda.Device().synchronize()
 

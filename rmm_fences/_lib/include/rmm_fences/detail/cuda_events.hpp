@@ -168,7 +168,12 @@ class cuda_platform : public cuda_event_fence_ops {
 
   explicit cuda_platform(rmm::cuda_device_id device) : device_{device}, events_{device} {}
 
-  [[nodiscard]] cudaEvent_t acquire_fence() { return events_.acquire(); }
+  /// A pooled event; one is created (in relaxed capture mode) when the pool is empty.
+  [[nodiscard]] cudaEvent_t acquire_fence()
+  {
+    relaxed_capture_scope relaxed;
+    return events_.acquire();
+  }
 
   void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
 
