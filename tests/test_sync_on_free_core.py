@@ -473,6 +473,27 @@ def test_a_reused_handle_does_not_arm_a_parked_block():
     assert ptr in [r[0] for r in h.releases[n:]] and work_done_everywhere(h)
 
 
+def test_failed_record_while_arming_keeps_the_block_parked():
+    h = HostSyncOnFree("deferred")
+    h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+    h.signal_stream(1)
+    ptr = h.allocate(64, stream=1)
+    h.begin_capture(1)
+    h.deallocate(ptr, 64, stream=1)
+    h.end_capture(1)
+    h.fail_next("record")
+    h.allocate(8, stream=1)  # polls: arming fails, the block stays parked
+    h.signal_stream(1)
+    h.allocate(8, stream=1)  # arms it now, behind the stream's queued work
+    assert h.pending_count == 1
+    other = h.allocate(64, stream=1)
+    h.fail_next("record")
+    assert h.deallocate(other, 64, stream=1) is None  # no fence: a stream sync frees it
+    h.signal_stream(1)
+    h.allocate(8, stream=1)
+    assert h.pending_count == 0 and work_done_everywhere(h) and h.forced_waits == 0
+
+
 def test_one_identity_query_per_stream_not_per_free():
     h = HostSyncOnFree("deferred")
     for _ in range(50):

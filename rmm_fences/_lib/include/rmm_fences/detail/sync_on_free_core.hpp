@@ -408,7 +408,7 @@ class sync_on_free_core {
     bool need_id = false;
     try {
       std::lock_guard<std::mutex> lock(mutex_);
-      arm_parked(stream);
+      try_arm_parked(stream);
       list_.release_ready(platform_, ready);
       list_.push(platform_.key(stream), block, *fence);
       listed = true;
@@ -419,7 +419,7 @@ class sync_on_free_core {
       list_changed();
       need_id = known_id(platform_.key(stream)) == nullptr;
     } catch (...) {
-      // Out of host memory while listing (or arming); handled below.
+      // Out of host memory while listing; handled below.
     }
     if (!listed) {
       if (platform_.wait(*fence)) {
@@ -539,17 +539,26 @@ class sync_on_free_core {
     });
   }
 
+  /// `arm_parked`; a failure (no fence, no host memory) leaves the blocks parked for later.
+  void try_arm_parked(stream_type stream) noexcept
+  {
+    try {
+      arm_parked(stream);
+    } catch (...) {
+    }
+  }
+
   /// Returns every block whose fence completed; never blocks.
   void poll(stream_type stream) noexcept
   {
     buffer ready;
     try {
       std::lock_guard<std::mutex> lock(mutex_);
-      arm_parked(stream);
+      try_arm_parked(stream);
       list_.release_ready(platform_, ready);
       list_changed();
     } catch (...) {
-      // Arming failed (no fence or no host memory): the blocks stay listed for a later call.
+      // No host memory for the released entries: they stay listed for a later call.
     }
     release(ready, stream);
   }
