@@ -32,13 +32,13 @@ enum class sync_mode : int {
 
 /// Counters of a `sync_on_free_resource_adaptor` (monotonic, except the peak).
 struct sync_on_free_stats {
-  std::uint64_t syncs{};               ///< host waits that succeeded: device/stream syncs, fence waits
+  std::uint64_t syncs{};               ///< host waits that succeeded (syncs, fence waits)
   std::uint64_t deferred{};            ///< frees that recorded a fence and returned at once
   std::uint64_t released{};            ///< listed blocks handed to the upstream
   std::uint64_t oom_retries{};         ///< allocations retried after draining pending blocks
-  std::uint64_t parked{};              ///< frees listed without a fence (stream capture, or no fence)
+  std::uint64_t parked{};              ///< frees listed without a fence (capture, no fence)
   std::uint64_t peak_pending_bytes{};  ///< largest pending total seen (after the cap applied)
-  std::uint64_t failed_syncs{};        ///< syncs and fence waits that failed (nothing released on them)
+  std::uint64_t failed_syncs{};        ///< syncs and fence waits that failed (nothing released)
   std::uint64_t rejected_frees{};      ///< double frees, foreign pointers, size mismatches
 };
 
@@ -364,7 +364,9 @@ class sync_on_free_core {
         count_syncs(1);
         remember_stream(stream);
         break;
-      case rmm_fences::mr::sync_mode::deferred: defer(stream, block, /*sync_if_no_fence=*/true); return;
+      case rmm_fences::mr::sync_mode::deferred:
+        defer(stream, block, /*sync_if_no_fence=*/true);
+        return;
     }
     if (listed_hint_.load(std::memory_order_relaxed) > 0) { poll(stream); }
     upstream_.deallocate(stream, block.ptr, block.bytes, block.alignment);
