@@ -18,12 +18,19 @@ from hypothesis.stateful import (
 
 from rmm_fences._lib._testing import HostSyncOnFree
 
-STREAMS = st.sampled_from([1, 2, 3])
+STREAMS = st.sampled_from([1, 2, 3])  # 2: the per-thread default stream of each thread
 MODES = ("device", "stream", "deferred")
+FAULTS = ("query", "wait", "sync_device", "sync_stream", "record", "stream_id")
 
 
 class SyncOnFreeModel(RuleBasedStateMachine):
-    """Random allocate / free / signal / capture / flush sequences against a model."""
+    """Random allocate / free / bad free / signal / capture / fault / flush sequences.
+
+    Invariants: no block reaches the upstream before the work that used it completed (its
+    fence signalled, or a successful wait or sync covered it); every freed block is either
+    pending or released exactly once; no bad free reaches the upstream or changes anything;
+    the syncs counted are the syncs that succeeded; no identity query on a capturing stream.
+    """
 
     @initialize(
         mode=st.sampled_from(MODES),
@@ -31,55 +38,39 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         limit=st.sampled_from([1 << 40, 12000]),
     )
     def setup(self, mode, cap, limit):
+        HostSyncOnFree.set_thread(0)
+        self.thread = 0
         self.mode, self.cap, self.limit = mode, cap, limit
         self.h = HostSyncOnFree(mode, cap, limit)
         self.live = {}  # allocation number -> (ptr, size); numbers keep draws reproducible
         self.allocations = 0
-        self.pending = {}  # ptr -> {size, stream, fence, parked}
-        self.capturing = set()
+        self.pending = {}  # ptr -> (allocation number, size)
+        self.released = {}  # allocation number -> ptr, for blocks returned upstream
         self.seen = 0
-        self.last_fence = {}  # stream -> last released fence id (FIFO check)
-        self.may_block = cap is not None  # a cap makes the core wait on old fences
 
     # --- helpers -------------------------------------------------------------------------
     def absorb(self):
         """Check every block the upstream got back since the last step."""
         releases = self.h.releases
-        for ptr, nbytes, _stream, signalled in releases[self.seen:]:
-            assert signalled, "a block reached the upstream before its fence signalled"
-            assert ptr in self.pending, "the upstream got a block that was never freed"
-            rec = self.pending.pop(ptr)
-            assert rec["size"] == nbytes
-            if rec["parked"]:
-                assert rec["capture_ended"], "a parked block left before its capture ended"
-            if rec["fence"] is not None:
-                last = self.last_fence.get(rec["stream"], -1)
-                assert rec["fence"] > last, "blocks of one stream left out of FIFO order"
-                self.last_fence[rec["stream"]] = rec["fence"]
+        for ptr, nbytes, _stream, work_done in releases[self.seen:]:
+            assert work_done, "a block reached the upstream before the work using it ended"
+            assert ptr in self.pending, "the upstream got a block that was not pending"
+            num, size = self.pending.pop(ptr)
+            assert size == nbytes
+            self.released[num] = ptr
         self.seen = len(releases)
-
-    def fenced_pending_bytes(self):
-        return sum(r["size"] for r in self.pending.values() if not r["parked"])
 
     # --- rules ---------------------------------------------------------------------------
     @rule(size=st.integers(1, 3000), stream=STREAMS)
     def allocate(self, size, stream):
-        before = self.h.stats["oom_retries"]
         try:
             ptr = self.h.allocate(size, stream)
         except MemoryError:
             self.absorb()
-            self.may_block = True
             assert self.h.upstream_used + size > self.limit
-            if stream not in self.capturing:
-                # every fenced block was waited on and returned before giving up
-                assert self.fenced_pending_bytes() == 0
             return
         self.absorb()
-        if self.h.stats["oom_retries"] > before:
-            self.may_block = True
-            assert self.fenced_pending_bytes() == 0
-        assert ptr not in self.pending
+        assert ptr not in self.pending, "a pending block was handed out again"
         assert all(p != ptr for p, _ in self.live.values())
         self.live[self.allocations] = (ptr, size)
         self.allocations += 1
@@ -87,94 +78,119 @@ class SyncOnFreeModel(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule(data=st.data(), stream=STREAMS)
     def free(self, data, stream):
-        ptr, size = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
-        parked = stream in self.capturing
+        num = data.draw(st.sampled_from(sorted(self.live)))
+        ptr, size = self.live.pop(num)
         fence = self.h.deallocate(ptr, size, stream)
-        if self.mode == "deferred" and not parked:
-            assert fence is not None
-        else:
-            assert fence is None
-        self.pending[ptr] = {"size": size, "stream": stream, "fence": fence, "parked": parked,
-                             "capture_ended": False}
+        self.pending[ptr] = (num, size)
         self.absorb()
-        if self.mode != "deferred" and not parked:
-            assert ptr not in self.pending, "a synchronizing mode kept the block"
-        if self.cap is not None and self.mode == "deferred" and not parked:
-            assert self.fenced_pending_bytes() <= self.cap
+        if fence is not None:
+            assert ptr in self.pending
+
+    @precondition(lambda self: self.pending or self.released)
+    @rule(data=st.data(), stream=STREAMS)
+    def double_free(self, data, stream):
+        # by allocation number: addresses differ between runs, numbers do not
+        nums = {n: ptr for ptr, (n, _) in self.pending.items()}
+        nums.update(self.released)
+        ptr = nums[data.draw(st.sampled_from(sorted(nums)))]
+        if ptr not in self.pending and any(p == ptr for p, _ in self.live.values()):
+            return  # the address was handed out again: freeing it is legal
+        size = self.pending[ptr][1] if ptr in self.pending else 64
+        before = (self.h.pending_count, len(self.h.releases), self.h.stats["rejected_frees"])
+        with pytest.raises(ValueError, match="double free|not a live block"):
+            self.h.deallocate(ptr, size, stream)
+        after = (self.h.pending_count, len(self.h.releases), self.h.stats["rejected_frees"])
+        assert after == (before[0], before[1], before[2] + 1), "a bad free changed something"
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), stream=STREAMS)
+    def free_with_wrong_size(self, data, stream):
+        ptr, size = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        with pytest.raises(ValueError, match="does not match"):
+            self.h.deallocate(ptr, size + 1, stream)
+        self.absorb()
 
     @precondition(lambda self: self.h.fence_count > 0)
     @rule(data=st.data())
     def signal(self, data):
-        fence = data.draw(st.integers(0, self.h.fence_count - 1))
-        if self.h.fence(fence)["recorded"]:
-            self.h.signal(fence)
+        self.h.signal(data.draw(st.integers(0, self.h.fence_count - 1)))
+
+    @rule(stream=STREAMS)
+    def signal_stream(self, stream):
+        self.h.signal_stream(stream)
 
     @rule(stream=STREAMS)
     def begin_capture(self, stream):
         self.h.begin_capture(stream)
-        self.capturing.add(stream)
 
     @rule(stream=STREAMS)
     def end_capture(self, stream):
         self.h.end_capture(stream)
-        self.capturing.discard(stream)
-        for rec in self.pending.values():
-            if rec["stream"] == stream:
-                rec["capture_ended"] = True
 
-    @precondition(lambda self: self.live)
-    @rule(data=st.data(), stream=STREAMS)
-    def free_when_recording_fails(self, data, stream):
-        """No fence can be recorded: the free falls back to a stream sync, nothing is lost."""
-        ptr, size = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
-        parked = stream in self.capturing
-        self.h.fail_next_record()
-        fence = self.h.deallocate(ptr, size, stream)
-        assert fence is None
-        self.pending[ptr] = {"size": size, "stream": stream, "fence": None, "parked": parked,
-                             "capture_ended": False}
-        self.absorb()
-        if self.mode == "deferred" and not parked:
-            assert ptr not in self.pending, "a block without a fence stayed listed"
-            self.may_block = True
-        self.h.clear_fail_next_record()
+    @rule(stream=st.sampled_from([1, 3]))
+    def reuse_handle(self, stream):
+        """The stream behind the handle is destroyed, a new one gets the handle."""
+        self.h.end_capture(stream)
+        self.h.reuse_handle(stream)
+
+    @rule(thread=st.integers(0, 1))
+    def switch_thread(self, thread):
+        HostSyncOnFree.set_thread(thread)
+        self.thread = thread
+
+    @rule(kind=st.sampled_from(FAULTS), count=st.integers(1, 3))
+    def fail_next(self, kind, count):
+        self.h.fail_next(kind, count)
+
+    @rule()
+    def toggle_global_capture(self):
+        self.h.global_capture = not self.h.global_capture
 
     @rule()
     def flush(self):
-        self.may_block = True
         self.h.flush()
         self.absorb()
-        if self.capturing:
-            assert all(r["parked"] for r in self.pending.values())
-        else:
-            assert not self.pending, "flush() left blocks pending"
 
     # --- invariants ----------------------------------------------------------------------
     @invariant()
     def accounting(self):
         if not hasattr(self, "h"):
             return
-        assert self.h.pending_bytes == sum(r["size"] for r in self.pending.values())
+        self.absorb()
+        assert self.h.pending_bytes == sum(size for _, size in self.pending.values())
         assert self.h.pending_count == len(self.pending)
+        assert self.h.live_count == len(self.live)
         assert self.h.stats["peak_pending_bytes"] >= self.h.pending_bytes
+        assert self.h.upstream_bad_frees == 0, "a bad free reached the upstream"
 
     @invariant()
-    def deferred_mode_never_blocks(self):
-        if hasattr(self, "h") and self.mode == "deferred" and not self.may_block:
-            assert self.h.forced_waits == 0
+    def syncs_counted_are_syncs_that_succeeded(self):
+        if not hasattr(self, "h"):
+            return
+        counts = self.h.board_counts
+        assert self.h.stats["syncs"] == counts["waits_ok"] + counts["syncs_ok"]
+        assert counts["invalidated_captures"] == 0, "identity query on a capturing stream"
 
     def teardown(self):
         if not hasattr(self, "h"):
             return
-        for s in (1, 2, 3):
-            self.end_capture(s)
+        self.h.global_capture = False
+        for kind in FAULTS:
+            self.h.fail_next(kind, 0)
+        for t in (0, 1):
+            HostSyncOnFree.set_thread(t)
+            for s in (1, 2, 3):
+                self.h.end_capture(s)
+        HostSyncOnFree.set_thread(0)
         self.h.flush()
         self.absorb()
-        assert not self.pending
-        for ptr, size in self.live.values():
+        assert not self.pending, "flush() without faults or captures left blocks pending"
+        for num, (ptr, size) in self.live.items():
             self.h.deallocate(ptr, size, 1)
+            self.pending[ptr] = (num, size)
         self.h.flush()
-        assert self.h.pending_count == 0
+        self.absorb()
+        assert self.h.pending_count == 0 and self.h.upstream_used == 0, "a block was lost"
 
 
 TestSyncOnFreeModel = SyncOnFreeModel.TestCase
@@ -228,22 +244,39 @@ def test_oom_drains_pending_then_retries_once():
     assert h.stats["oom_retries"] == 1
 
 
-def test_capture_parks_until_a_call_outside_capture():
+def test_capture_parks_until_a_call_on_the_same_stream_outside_capture():
     h = HostSyncOnFree("deferred")
+    warm = h.allocate(64, stream=1)
+    h.deallocate(warm, 64, stream=1)  # stream 1 seen outside capture: its identity is known
+    h.signal_stream(1)
     ptr = h.allocate(64, stream=1)
+    fences = h.fence_count
     h.begin_capture(1)
     assert h.deallocate(ptr, 64, stream=1) is None
-    assert h.stats["parked"] == 1 and h.fence_count == 0  # no fence recorded in capture
+    assert h.stats["parked"] == 1 and h.fence_count == fences  # no fence recorded in capture
     h.flush()  # a capture is under way: parked blocks stay
     assert h.pending_count == 1
     h.end_capture(1)
     h.allocate(8, stream=1)  # arms the parked block with a fence on stream 1
-    assert h.fence_count == 1 and h.pending_count == 1
+    assert h.fence_count == fences + 1 and h.pending_count == 1
     h.signal_stream(1)
     h.allocate(8, stream=1)
-    assert h.pending_count == 0 and h.releases[-1][0] == ptr
+    assert h.pending_count == 0 and h.releases[-1][0] == ptr and h.releases[-1][3]
+    assert h.board_counts["identity_queries"] == 2  # at the first free, and when arming
 
 
+def test_capture_on_a_stream_never_seen_waits_for_a_device_sync():
+    h = HostSyncOnFree("deferred")
+    ptr = h.allocate(64, stream=1)
+    h.begin_capture(1)
+    h.deallocate(ptr, 64, stream=1)
+    h.end_capture(1)
+    h.allocate(8, stream=1)
+    h.signal_stream(1)
+    h.allocate(8, stream=1)
+    assert h.pending_count == 1  # identity unknown at the free: not armed
+    h.flush()  # a device sync covers it
+    assert h.pending_count == 0 and h.releases[-1][0] == ptr and h.releases[-1][3]
 @pytest.mark.parametrize("mode", ["device", "stream"])
 def test_synchronizing_modes_release_at_once(mode):
     h = HostSyncOnFree(mode)
@@ -258,3 +291,300 @@ def test_failed_fence_record_falls_back_to_a_stream_sync():
     h.fail_next_record()
     assert h.deallocate(ptr, 64, stream=2) is None
     assert h.releases[-1][0] == ptr and h.stats["syncs"] == 1 and h.stats["deferred"] == 0
+
+
+# --- CUDA errors never count as work done ----------------------------------------------------
+
+
+def work_done_everywhere(h):
+    return all(r[3] for r in h.releases)
+
+
+def test_failed_wait_in_flush_keeps_the_block_pending():
+    h = HostSyncOnFree("deferred")
+    ptr = h.allocate(1000, stream=1)
+    h.deallocate(ptr, 1000, stream=1)
+    h.global_capture = True  # another thread captures in the global mode: waits/syncs fail
+    h.flush()
+    assert h.releases == [] and h.pending_count == 1, "flush released a block it never waited on"
+    assert h.stats["syncs"] == 0 and h.stats["failed_syncs"] >= 1
+    h.global_capture = False
+    h.flush()
+    assert [r[0] for r in h.releases] == [ptr] and work_done_everywhere(h)
+    assert h.stats["syncs"] == 1
+
+
+def test_failed_wait_at_the_cap_keeps_the_block_pending():
+    h = HostSyncOnFree("deferred", max_pending_bytes=100)
+    a = h.allocate(100, stream=1)
+    b = h.allocate(100, stream=1)
+    h.deallocate(a, 100, stream=1)
+    h.fail_next("wait")
+    h.deallocate(b, 100, stream=1)  # over the cap: waits on a's fence, which fails
+    assert h.releases == [] and h.pending_count == 2
+    assert h.stats["syncs"] == 0 and h.stats["failed_syncs"] == 1
+    h.flush()
+    assert work_done_everywhere(h) and h.pending_count == 0
+
+
+def test_failed_waits_in_the_oom_drain_release_nothing():
+    h = HostSyncOnFree("deferred", upstream_limit=1000)
+    a = h.allocate(800, stream=1)
+    h.deallocate(a, 800, stream=1)
+    h.global_capture = True
+    with pytest.raises(MemoryError):
+        h.allocate(800, stream=2)  # the drain's wait and device sync fail: nothing to retry
+    assert h.releases == [] and h.pending_count == 1 and h.stats["oom_retries"] == 0
+    h.global_capture = False
+    assert h.allocate(800, stream=2)
+    assert h.stats["oom_retries"] == 1 and work_done_everywhere(h)
+
+
+def test_failed_query_is_not_ready():
+    h = HostSyncOnFree("deferred")
+    ptr = h.allocate(64, stream=1)
+    fence = h.deallocate(ptr, 64, stream=1)
+    h.signal(fence)
+    h.fail_next("query", 1)
+    h.allocate(8, stream=2)  # polls: the query fails
+    assert h.releases == []
+    h.allocate(8, stream=2)
+    assert [r[0] for r in h.releases] == [ptr]
+
+
+@pytest.mark.parametrize("mode", ["device", "stream"])
+def test_failed_sync_falls_back_to_a_fence(mode):
+    h = HostSyncOnFree(mode)
+    ptr = h.allocate(64, stream=1)
+    h.global_capture = True  # the sync fails; a record (relaxed mode) still works
+    fence = h.deallocate(ptr, 64, stream=1)
+    h.global_capture = False
+    assert h.releases == [], "freed upstream without any wait"
+    assert fence is not None and h.pending_count == 1
+    assert h.stats["syncs"] == 0 and h.stats["failed_syncs"] == 1 and h.stats["deferred"] == 1
+    h.allocate(8, stream=2)
+    assert h.releases == []
+    h.signal(fence)
+    h.allocate(8, stream=2)
+    assert [r[0] for r in h.releases] == [ptr] and work_done_everywhere(h)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_sync_and_no_fence_parks_until_a_device_sync(mode):
+    h = HostSyncOnFree(mode)
+    ptr = h.allocate(64, stream=1)
+    h.global_capture = True
+    h.fail_next("record")
+    assert h.deallocate(ptr, 64, stream=1) is None
+    assert h.releases == [] and h.pending_count == 1 and h.stats["parked"] == 1
+    assert h.stats["syncs"] == 0
+    h.global_capture = False
+    h.signal_stream(1)  # the stream's later work ends: still no fence of this block
+    h.deallocate(h.allocate(8, stream=1), 8, stream=1)
+    assert ptr not in [r[0] for r in h.releases]
+    h.flush()  # a device sync covers it
+    assert ptr in [r[0] for r in h.releases] and work_done_everywhere(h)
+
+
+def test_failed_sync_stream_after_a_failed_record_parks():
+    h = HostSyncOnFree("deferred")
+    ptr = h.allocate(64, stream=1)
+    h.fail_next("record")
+    h.fail_next("sync_stream")
+    h.deallocate(ptr, 64, stream=1)
+    assert h.releases == [] and h.stats["syncs"] == 0 and h.stats["failed_syncs"] == 1
+    h.flush()
+    assert work_done_everywhere(h) and h.pending_count == 0
+
+
+def test_flush_releases_only_what_its_device_sync_covered():
+    """A block parked by another thread right after flush's device sync is not covered."""
+    h = HostSyncOnFree("deferred")
+    first = h.allocate(64, stream=1)
+    h.begin_capture(1)
+    h.deallocate(first, 64, stream=1)
+    h.end_capture(1)
+    other = h.allocate(64, stream=3)
+    h.free_in_capture_after_next_device_sync(other, 64, stream=3)
+    h.flush()  # releases `first`; `other` is freed (in capture) after the sync returned
+    assert [r[0] for r in h.releases] == [first]
+    assert h.pending_count == 1 and work_done_everywhere(h)
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+def test_syncs_counted_are_syncs_that_succeeded():
+    h = HostSyncOnFree("stream")
+    for fail in (False, True, False, True):
+        h.global_capture = fail
+        h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+    h.global_capture = False
+    h.flush()
+    counts = h.board_counts
+    assert h.stats["syncs"] == counts["waits_ok"] + counts["syncs_ok"]
+    assert h.stats["failed_syncs"] == 2 and work_done_everywhere(h)
+
+
+# --- parked blocks: stream identity ----------------------------------------------------------
+
+
+def test_another_threads_per_thread_stream_does_not_arm_a_parked_block():
+    h = HostSyncOnFree("deferred")
+    HostSyncOnFree.set_thread(1)
+    try:
+        h.deallocate(h.allocate(64, stream=2), 64, stream=2)  # thread 1's stream: identity known
+        h.signal_stream(2)
+        ptr = h.allocate(64, stream=2)
+        h.launch(2)  # work on thread 1's stream that uses ptr and is still running
+        n = len(h.releases)  # host memory reuses addresses: look only at later releases
+        h.begin_capture(2)  # thread 1's per-thread default stream
+        h.deallocate(ptr, 64, stream=2)
+        h.end_capture(2)
+        HostSyncOnFree.set_thread(2)  # another thread, same handle, another stream
+        h.deallocate(h.allocate(8, stream=2), 8, stream=2)
+        h.signal_stream(2)  # thread 2's stream completes
+        h.allocate(8, stream=2)
+        assert ptr not in [r[0] for r in h.releases[n:]], "armed on another thread's stream"
+        HostSyncOnFree.set_thread(1)
+        h.allocate(8, stream=2)  # thread 1, outside capture: arms on its own stream
+        h.signal_stream(2)
+        h.allocate(8, stream=2)
+        assert ptr in [r[0] for r in h.releases[n:]] and work_done_everywhere(h)
+    finally:
+        HostSyncOnFree.set_thread(0)
+
+
+def test_a_reused_handle_does_not_arm_a_parked_block():
+    h = HostSyncOnFree("deferred")
+    h.deallocate(h.allocate(64, stream=5), 64, stream=5)  # identity of stream 5 known
+    h.signal_stream(5)
+    ptr = h.allocate(64, stream=5)
+    n = len(h.releases)  # host memory reuses addresses: look only at later releases
+    h.begin_capture(5)
+    h.deallocate(ptr, 64, stream=5)
+    h.end_capture(5)
+    h.reuse_handle(5)  # stream destroyed (its work still queued); a new one gets the handle
+    h.allocate(8, stream=5)
+    h.signal_stream(5)  # the new stream completes
+    h.allocate(8, stream=5)
+    assert ptr not in [r[0] for r in h.releases[n:]], "armed on a new stream with a reused handle"
+    assert h.pending_count == 1
+    h.flush()
+    assert ptr in [r[0] for r in h.releases[n:]] and work_done_everywhere(h)
+
+
+def test_failed_record_while_arming_keeps_the_block_parked():
+    h = HostSyncOnFree("deferred")
+    h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+    h.signal_stream(1)
+    ptr = h.allocate(64, stream=1)
+    h.begin_capture(1)
+    h.deallocate(ptr, 64, stream=1)
+    h.end_capture(1)
+    h.fail_next("record")
+    h.allocate(8, stream=1)  # polls: arming fails, the block stays parked
+    h.signal_stream(1)
+    h.allocate(8, stream=1)  # arms it now, behind the stream's queued work
+    assert h.pending_count == 1
+    other = h.allocate(64, stream=1)
+    h.fail_next("record")
+    assert h.deallocate(other, 64, stream=1) is None  # no fence: a stream sync frees it
+    h.signal_stream(1)
+    h.allocate(8, stream=1)
+    assert h.pending_count == 0 and work_done_everywhere(h) and h.forced_waits == 0
+
+
+def test_one_identity_query_per_stream_not_per_free():
+    h = HostSyncOnFree("deferred")
+    for _ in range(50):
+        h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+    assert h.board_counts["identity_queries"] == 1
+
+
+def test_no_identity_query_on_a_capturing_stream():
+    h = HostSyncOnFree("deferred")
+    ptrs = [h.allocate(64, stream=1) for _ in range(3)]
+    h.begin_capture(1)
+    for p in ptrs:
+        h.deallocate(p, 64, stream=1)
+        h.allocate(8, stream=1)
+    h.flush()
+    h.end_capture(1)
+    assert h.board_counts["invalidated_captures"] == 0
+
+
+# --- bad frees --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_double_free_of_a_pending_block_is_rejected(mode):
+    h = HostSyncOnFree(mode)
+    ptr = h.allocate(256, stream=1)
+    h.global_capture = True  # keeps the block pending in every mode
+    h.deallocate(ptr, 256, stream=1)
+    h.global_capture = False
+    with pytest.raises(ValueError, match="double free"):
+        h.deallocate(ptr, 256, stream=1)
+    assert h.pending_count == 1 and h.stats["rejected_frees"] == 1
+    h.flush()
+    a, b = h.allocate(256, stream=1), h.allocate(256, stream=1)
+    assert a != b and h.upstream_bad_frees == 0
+
+
+def test_double_free_after_release_is_rejected():
+    h = HostSyncOnFree("stream")
+    ptr = h.allocate(256, stream=1)
+    h.deallocate(ptr, 256, stream=1)
+    with pytest.raises(ValueError, match="not a live block"):
+        h.deallocate(ptr, 256, stream=1)
+    a, b = h.allocate(256, stream=1), h.allocate(256, stream=1)
+    assert a != b and h.upstream_bad_frees == 0 and len(h.releases) == 1
+
+
+def test_foreign_pointer_and_size_mismatch_are_rejected():
+    h = HostSyncOnFree("deferred")
+    ptr = h.allocate(256, stream=1)
+    with pytest.raises(ValueError, match="not a live block"):
+        h.deallocate(ptr + 64, 128, stream=1)
+    with pytest.raises(ValueError, match=r"nbytes=100 does not match.*nbytes=256"):
+        h.deallocate(ptr, 100, stream=1)
+    assert h.stats["rejected_frees"] == 2 and h.pending_count == 0 and h.fence_count == 0
+    h.deallocate(ptr, 256, stream=1)  # the right free still works
+    assert h.pending_count == 1
+
+
+def test_unchecked_bad_free_is_counted_and_reported(capfd):
+    h = HostSyncOnFree("deferred")
+    ptr = h.allocate(256, stream=1)
+    h.deallocate(ptr, 256, stream=1)
+    h.deallocate_unchecked(ptr, 256, stream=1)
+    err = capfd.readouterr().err
+    assert "rejected the free" in err and "double free" in err and err.count("\n") == 1
+    assert h.stats["rejected_frees"] == 1 and h.pending_count == 1 and h.fence_count == 1
+
+
+def test_null_and_zero_size_pass_through_untracked():
+    h = HostSyncOnFree("stream")
+    h.deallocate_unchecked(0, 0, stream=1)
+    ptr = h.allocate(0, stream=1)
+    assert h.live_count == 0
+    h.deallocate(ptr, 0, stream=1)
+    assert h.stats["rejected_frees"] == 0 and h.upstream_bad_frees == 0
+
+
+# --- real threads -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_threads_race_frees_polls_flushes_captures_and_faults(mode):
+    h = HostSyncOnFree(mode, max_pending_bytes=64 << 10 if mode == "deferred" else None,
+                       upstream_limit=4 << 20)
+    r = h.run_threads(workers=4, iterations=3000, seed=7)
+    assert r["frees"] > 1000
+    assert r["unsafe_releases"] == 0, r
+    assert r["upstream_bad_frees"] == 0, r
+    assert r["pending_after_flush"] == 0 and r["lost"] == 0, r
+    assert r["syncs_counted"] == r["syncs_succeeded"], r
+    assert r["invalidated_captures"] == 0, r
+    assert h.stats["failed_syncs"] > 0  # the faults were hit
+    assert h.upstream_used == 0 and h.live_count == 0

@@ -176,9 +176,11 @@ def test_stream_capture_parks_the_free(cupy, scenarios):
     graph = s.end_capture()
     assert mr.stats["parked"] == 1 and mr.pending_count == 1 and naive.cached_bytes == 0
     graph.launch(stream=s)
-    b = mr.allocate(256, rmm_stream(s))  # outside capture: arms the parked block's fence
+    b = mr.allocate(256, rmm_stream(s))
     s.synchronize()
     mr.deallocate(b, 256, rmm_stream(s))
+    # s was never seen outside capture before its capture: its identity is unknown, so only a
+    # device synchronization releases the parked block
     mr.flush()
     assert mr.pending_count == 0 and naive.cached_bytes == (1 << 20) + 256
 
@@ -190,3 +192,220 @@ def test_sync_modes_have_the_right_surface():
     assert mr.get_upstream() is up
     assert set(mr.stats) >= {"syncs", "deferred", "released", "oom_retries"}
     assert "SyncOnFreeResourceAdaptor(CudaMemoryResource(), mode='stream'" in repr(mr)
+
+
+def _capture_elsewhere(cupy, scenarios, started, release, result):
+    """Another thread: holds a global-mode capture open on its own stream until `release`,
+    then launches the graph and checks what it wrote."""
+    cs = cupy.cuda.Stream(non_blocking=True)
+    scratch = cupy.empty(1 << 16, dtype=cupy.uint32)
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    cs.synchronize()
+    try:
+        cs.begin_capture(mode=cupy.cuda.runtime.streamCaptureModeGlobal)
+        try:
+            scenarios.fill(scratch.data.ptr, scratch.size, 99, cs)
+        finally:
+            started.set()
+            release.wait(60)
+            graph = cs.end_capture()  # raises if anything invalidated the capture
+        graph.launch(stream=cs)
+        scenarios.check(scratch.data.ptr, scratch.size, 99, errors, cs)
+        cs.synchronize()
+        result["errors"] = int(errors.get()[0])
+    except Exception as exc:  # reported by the test
+        result["error"] = exc
+        started.set()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, scenarios, rng,
+                                                                        mode):
+    """While another thread holds a global-mode capture, CUDA queries and syncs from this
+    thread fail unless made in relaxed mode. A failure must never release a block: free a block
+    read by a slow kernel, let another stream take the next block of that size and overwrite
+    it; every checksum must match its float64 reference, and the other thread's capture must
+    end without error (the adaptor must not invalidate it)."""
+    trials, nbytes, spin_ms = 20, 4 << 20, 20.0
+    count = nbytes // 4
+    naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
+    mr = SyncOnFreeResourceAdaptor(naive, mode=mode)
+    s1 = cupy.cuda.Stream(non_blocking=True)
+    s2 = cupy.cuda.Stream(non_blocking=True)
+    r1, r2 = rmm_stream(s1), rmm_stream(s2)
+    # Everything that could allocate or synchronize runs before the capture opens: the blocks
+    # under test, spare blocks of the same size in the naive cache (so no cudaMalloc runs
+    # during the capture), the data, the kernels' module load, and the adaptor's events.
+    blocks = [mr.allocate(nbytes, r1) for _ in range(trials)]
+    spares = [mr.allocate(nbytes, r2) for _ in range(trials)]
+    for p in spares:
+        mr.deallocate(p, nbytes, r2)
+    mr.flush()
+    assert naive.cached_bytes == trials * nbytes
+    outs = cupy.zeros(trials, dtype=cupy.float64)
+    warm = cupy.zeros(1, dtype=cupy.float64)
+    scenarios.fill(blocks[0], 16, 1, s1)  # loads the kernels' module before the capture
+    scenarios.slow_checksum(blocks[0], 16, 0.01, warm, s1, grid=1)
+    refs = []
+    for a in blocks:
+        host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
+        scenarios.as_array(a, count, np.float32).set(host, stream=s1)
+        refs.append(host.astype(np.float64).sum())
+    seeds = [int(x) for x in rng.integers(1, 2**32, size=trials)]
+    cupy.cuda.Device().synchronize()
+
+    started, release, result = threading.Event(), threading.Event(), {}
+    capturer = threading.Thread(
+        target=_capture_elsewhere, args=(cupy, scenarios, started, release, result))
+    capturer.start()
+    assert started.wait(60)
+    taken = []
+    try:
+        assert "error" not in result, f"could not begin the capture: {result.get('error')!r}"
+        for i, a in enumerate(blocks):
+            scenarios.slow_checksum(a, count, spin_ms, outs[i:i + 1], s1)
+            mr.deallocate(a, nbytes, r1)
+            b = mr.allocate(nbytes, r2)
+            scenarios.fill(b, count, seeds[i], s2)
+            taken.append(b)
+    finally:
+        release.set()
+        capturer.join(60)
+    s1.synchronize()
+    s2.synchronize()
+    got = outs.get()
+    corrupted = sum(
+        not np.isclose(g, r, rtol=1e-9, atol=1e-6) for g, r in zip(got, refs))
+    same = sum(b in blocks for b in taken)
+    print(f"\nsync_on_free(naive_cache(cuda), mode={mode}) with a global capture elsewhere: "
+          f"{corrupted}/{trials} corrupted, {same} blocks reused, {mr.stats}")
+    assert "error" not in result, f"the other thread's capture failed: {result['error']!r}"
+    assert result["errors"] == 0
+    assert corrupted == 0, f"{corrupted}/{trials} checksums corrupted"
+    for b in taken:
+        mr.deallocate(b, nbytes, r2)
+    mr.flush()
+    assert mr.pending_count == 0
+    stats = mr.stats
+    assert stats["rejected_frees"] == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_double_free_raises_and_the_next_two_allocations_differ(cupy, scenarios, mode):
+    naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
+    mr = SyncOnFreeResourceAdaptor(naive, mode=mode)
+    s = cupy.cuda.Stream(non_blocking=True)
+    r = rmm_stream(s)
+    nbytes = 1 << 20
+    a = mr.allocate(nbytes, r)
+    scenarios.fill(a, nbytes // 4, 3, s)
+    mr.deallocate(a, nbytes, r)
+    with pytest.raises(ValueError, match="double free|not a live block"):
+        mr.deallocate(a, nbytes, r)
+    assert mr.stats["rejected_frees"] == 1
+    mr.flush()
+    x = mr.allocate(nbytes, r)
+    y = mr.allocate(nbytes, r)
+    assert x != y, "two live allocations share a block"
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    scenarios.fill(x, nbytes // 4, 11, s)
+    scenarios.fill(y, nbytes // 4, 12, s)
+    scenarios.check(x, nbytes // 4, 11, errors, s)
+    scenarios.check(y, nbytes // 4, 12, errors, s)
+    s.synchronize()
+    assert int(errors.get()[0]) == 0
+    mr.deallocate(x, nbytes, r)
+    mr.deallocate(y, nbytes, s)  # a CuPy stream is accepted, as rmm's resources accept it
+    mr.flush()
+    assert mr.pending_count == 0 and naive.cached_bytes == 2 * nbytes
+
+
+def test_size_mismatch_and_foreign_pointer_raise_and_change_nothing(cupy):
+    naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
+    mr = SyncOnFreeResourceAdaptor(naive, mode="deferred")
+    nbytes = 1 << 20
+    a = mr.allocate(nbytes)
+    with pytest.raises(ValueError, match=r"nbytes=524288 does not match.*nbytes=1048576"):
+        mr.deallocate(a, nbytes // 2)
+    with pytest.raises(ValueError, match="not a live block"):
+        mr.deallocate(a + 256, 256)
+    assert mr.stats["rejected_frees"] == 2 and mr.pending_count == 0
+    assert naive.cached_bytes == 0  # nothing reached the upstream
+    mr.deallocate(a, nbytes)
+    mr.flush()
+    assert naive.cached_bytes == nbytes and mr.pending_count == 0
+
+
+def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cupy, scenarios,
+                                                                              rng):
+    """Thread A frees a block in a capture of its per-thread default stream while a slow kernel
+    on that stream still reads it. Thread B then uses its own per-thread default stream (the
+    same handle value, another stream): its calls must not fence and release A's block, so the
+    block B allocates and overwrites is never A's."""
+    trials, nbytes, spin_ms = 5, 4 << 20, 100.0
+    count = nbytes // 4
+    naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
+    mr = SyncOnFreeResourceAdaptor(naive, mode="deferred")
+    ptds = cupy.cuda.Stream.ptds
+    rptds = rmm.pylibrmm.stream.PER_THREAD_DEFAULT_STREAM
+    outs = cupy.zeros(trials, dtype=cupy.float64)
+    scratch = cupy.empty(1024, dtype=cupy.uint32)
+    cupy.cuda.Device().synchronize()
+    refs, taken, failures = [], [], []
+
+    for i in range(trials):
+        host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
+        refs.append(host.astype(np.float64).sum())
+        parked, done = threading.Event(), threading.Event()
+
+        def thread_a(i=i, host=host, parked=parked):
+            try:
+                a = mr.allocate(nbytes, rptds)
+                scenarios.as_array(a, count, np.float32).set(host, stream=ptds)
+                scenarios.slow_checksum(a, count, spin_ms, outs[i:i + 1], ptds)
+                ptds.begin_capture()
+                try:
+                    scenarios.fill(scratch.data.ptr, scratch.size, 5, ptds)
+                    mr.deallocate(a, nbytes, rptds)  # parked: A's stream is capturing
+                finally:
+                    ptds.end_capture()
+                taken.append(("a", a))
+            except Exception as exc:  # reported below
+                failures.append(exc)
+            finally:
+                parked.set()
+
+        def thread_b(i=i, parked=parked, done=done):
+            try:
+                parked.wait(30)
+                small = mr.allocate(256, rptds)  # B's per-thread stream, outside capture
+                mr.deallocate(small, 256, rptds)
+                ptds.synchronize()  # B's stream is idle: a fence recorded on it completes
+                mr.deallocate(mr.allocate(256, rptds), 256, rptds)  # polls
+                b = mr.allocate(nbytes, rptds)
+                scenarios.fill(b, count, int(i) + 1000, ptds)
+                ptds.synchronize()
+                taken.append(("b", b))
+                mr.deallocate(b, nbytes, rptds)
+            except Exception as exc:  # reported below
+                failures.append(exc)
+            finally:
+                done.set()
+
+        ta = threading.Thread(target=thread_a)
+        tb = threading.Thread(target=thread_b)
+        ta.start()
+        tb.start()
+        ta.join(60)
+        tb.join(60)
+        cupy.cuda.Device().synchronize()
+    assert not failures, failures
+    got = outs.get()
+    corrupted = sum(not np.isclose(g, r, rtol=1e-9, atol=1e-6) for g, r in zip(got, refs))
+    a_blocks = {p for kind, p in taken if kind == "a"}
+    reused = sum(1 for kind, p in taken if kind == "b" and p in a_blocks)
+    print(f"\nper-thread stream capture: {corrupted}/{trials} corrupted, {reused} of A's blocks "
+          f"taken by B, {mr.stats}")
+    assert corrupted == 0, f"{corrupted}/{trials} checksums corrupted"
+    mr.flush()
+    assert mr.pending_count == 0

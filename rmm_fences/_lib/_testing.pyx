@@ -26,6 +26,8 @@ from rmm_fences._lib._tracking cimport (
     tracker_stats_dict,
 )
 from rmm_fences._lib._sync_on_free cimport (
+    free_problem,
+    free_result,
     mode_from_name,
     stats_dict,
     sync_mode,
@@ -36,17 +38,35 @@ from rmm_fences._lib._sync_on_free cimport (
 cdef extern from "rmm_fences/testing/host_sync_on_free.hpp" namespace "rmm_fences::testing":
     cdef cppclass fence_entry "rmm_fences::testing::fence_board::fence":
         uintptr_t stream
+        uint64_t stream_id
+        uint64_t position
         bool recorded
         bool signalled
 
     cdef cppclass fence_board:
         vector[fence_entry] fences
-        cpp_set[uintptr_t] capturing
+        int fail_query
+        int fail_wait
+        int fail_sync_device
+        int fail_sync_stream
+        int fail_record
+        int fail_stream_id
+        bool global_capture
         uint64_t forced_waits
-        bool fail_next_record
+        uint64_t waits_ok
+        uint64_t syncs_ok
+        uint64_t failed_calls
+        uint64_t invalidated_captures
+        uint64_t identity_queries
+        fence_entry fence_at(size_t) except +
         void signal(size_t) except +
-        void signal_stream(uintptr_t)
-        void signal_all()
+        void signal_stream(uintptr_t) except +
+        void signal_all() except +
+        void begin_capture(uintptr_t) except +
+        void end_capture(uintptr_t) except +
+        void reuse_handle(uintptr_t) except +
+        uint64_t resolve(uintptr_t) except +
+        void launch(uintptr_t) except +
 
     cdef cppclass release_record "rmm_fences::testing::host_upstream::release_record":
         uintptr_t ptr
@@ -55,26 +75,49 @@ cdef extern from "rmm_fences/testing/host_sync_on_free.hpp" namespace "rmm_fence
         bool fence_signalled
 
     cdef cppclass host_upstream:
-        vector[release_record] releases
-        size_t used()
+        vector[release_record] releases_copy() except +
+        uint64_t bad_frees
+        size_t used() except +
 
     cdef cppclass core_type "rmm_fences::detail::sync_on_free_core<rmm_fences::testing::host_platform, rmm_fences::testing::host_upstream>":
         size_t pending_bytes() except +
         size_t pending_count() except +
+        size_t live_count() except +
         sync_on_free_stats stats() except +
+
+    cdef cppclass thread_run_result:
+        uint64_t frees
+        uint64_t unsafe_releases
+        uint64_t upstream_bad_frees
+        uint64_t lost
+        uint64_t syncs_counted
+        uint64_t syncs_succeeded
+        uint64_t invalidated_captures
+        uint64_t pending_after_flush
 
     cdef cppclass host_sync_on_free:
         host_sync_on_free(sync_mode, optional[size_t], size_t) except +
         void* allocate(uintptr_t, size_t, size_t) except +MemoryError
-        int64_t deallocate(uintptr_t, void*, size_t, size_t) except +
+        free_result deallocate(uintptr_t, void*, size_t, size_t, int64_t*) except +
+        void deallocate_unchecked(uintptr_t, void*, size_t, size_t) except +
         size_t flush() except +
+        void free_in_capture_after_next_device_sync(uintptr_t, void*, size_t) except +
+        thread_run_result run_threads(int, int, uint64_t) nogil except +
         core_type& core()
         fence_board& board()
         host_upstream& upstream()
 
+    int host_thread
+
 
 cdef class HostSyncOnFree:
-    """SyncOnFree's core over host memory; fences are signalled by the test."""
+    """SyncOnFree's core over host memory; fences are signalled by the test.
+
+    Streams are handles (ints); handle 2 is the per-thread default stream, a different stream
+    for each simulated thread (:meth:`set_thread`). Each free first launches "work" on its
+    stream that uses the block; the upstream logs whether that work had completed when it got
+    the block back.
+    """
 
     cdef unique_ptr[host_sync_on_free] c_obj
 
@@ -88,9 +131,22 @@ cdef class HostSyncOnFree:
         return <uintptr_t>deref(self.c_obj).allocate(stream, nbytes, alignment)
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, uintptr_t stream=0, size_t alignment=256):
-        """Free; returns the id of the fence the block waits for, or None."""
-        cdef int64_t fence = deref(self.c_obj).deallocate(stream, <void*>ptr, nbytes, alignment)
+        """Free (checked); returns the id of the fence the block waits for, or None.
+
+        Raises ValueError, as the GPU adaptor does, on a rejected free.
+        """
+        cdef int64_t fence = -1
+        cdef free_result r = deref(self.c_obj).deallocate(
+            stream, <void*>ptr, nbytes, alignment, &fence)
+        problem = free_problem(r, ptr, nbytes)
+        if problem is not None:
+            raise ValueError(problem)
         return None if fence < 0 else fence
+
+    def deallocate_unchecked(self, uintptr_t ptr, size_t nbytes, uintptr_t stream=0,
+                             size_t alignment=256) -> None:
+        """The noexcept C++ ``deallocate``: a bad free is counted and printed on stderr."""
+        deref(self.c_obj).deallocate_unchecked(stream, <void*>ptr, nbytes, alignment)
 
     def flush(self) -> int:
         return deref(self.c_obj).flush()
@@ -102,20 +158,90 @@ cdef class HostSyncOnFree:
     def signal_stream(self, uintptr_t stream) -> None:
         deref(self.c_obj).board().signal_stream(stream)
 
+    def signal_all(self) -> None:
+        deref(self.c_obj).board().signal_all()
+
+    def launch(self, uintptr_t stream) -> None:
+        """Queue work on ``stream`` (captured, not run, while it captures)."""
+        deref(self.c_obj).board().launch(stream)
+
     def begin_capture(self, uintptr_t stream) -> None:
-        deref(self.c_obj).board().capturing.insert(stream)
+        deref(self.c_obj).board().begin_capture(stream)
 
     def end_capture(self, uintptr_t stream) -> None:
-        deref(self.c_obj).board().capturing.erase(stream)
+        deref(self.c_obj).board().end_capture(stream)
+
+    def reuse_handle(self, uintptr_t stream) -> None:
+        """The stream behind ``stream`` is destroyed; a new stream gets the same handle."""
+        deref(self.c_obj).board().reuse_handle(stream)
+
+    def stream_id(self, uintptr_t stream) -> int:
+        return deref(self.c_obj).board().resolve(stream)
+
+    @staticmethod
+    def set_thread(int thread) -> None:
+        """The simulated thread of the calling Python thread (its per-thread default stream)."""
+        global host_thread
+        host_thread = thread
+
+    def fail_next(self, str kind, int count=1) -> None:
+        """The next ``count`` calls of ``kind`` fail: query, wait, sync_device, sync_stream,
+        record or stream_id."""
+        cdef fence_board* b = &deref(self.c_obj).board()
+        if kind == "query":
+            b.fail_query = count
+        elif kind == "wait":
+            b.fail_wait = count
+        elif kind == "sync_device":
+            b.fail_sync_device = count
+        elif kind == "sync_stream":
+            b.fail_sync_stream = count
+        elif kind == "record":
+            b.fail_record = count
+        elif kind == "stream_id":
+            b.fail_stream_id = count
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
 
     def fail_next_record(self) -> None:
-        deref(self.c_obj).board().fail_next_record = True
+        deref(self.c_obj).board().fail_record = 1
 
     def clear_fail_next_record(self) -> None:
-        deref(self.c_obj).board().fail_next_record = False
+        deref(self.c_obj).board().fail_record = 0
+
+    @property
+    def global_capture(self) -> bool:
+        """Another thread captures in the global mode: every query, wait and sync fails."""
+        return deref(self.c_obj).board().global_capture
+
+    @global_capture.setter
+    def global_capture(self, bool value) -> None:
+        deref(self.c_obj).board().global_capture = value
+
+    def free_in_capture_after_next_device_sync(self, uintptr_t ptr, size_t nbytes,
+                                               uintptr_t stream) -> None:
+        """Right after the next successful device sync, "another thread" launches work on
+        ``stream``, and frees ``ptr`` there in capture: that sync does not cover it."""
+        deref(self.c_obj).free_in_capture_after_next_device_sync(stream, <void*>ptr, nbytes)
+
+    def run_threads(self, int workers=4, int iterations=2000, uint64_t seed=1) -> dict:
+        """Real threads racing frees, polls, flushes, captures and faults (see the C++)."""
+        cdef thread_run_result r
+        with nogil:
+            r = deref(self.c_obj).run_threads(workers, iterations, seed)
+        return {
+            "frees": r.frees,
+            "unsafe_releases": r.unsafe_releases,
+            "upstream_bad_frees": r.upstream_bad_frees,
+            "lost": r.lost,
+            "syncs_counted": r.syncs_counted,
+            "syncs_succeeded": r.syncs_succeeded,
+            "invalidated_captures": r.invalidated_captures,
+            "pending_after_flush": r.pending_after_flush,
+        }
 
     def fence(self, size_t fence) -> dict:
-        cdef fence_entry f = deref(self.c_obj).board().fences.at(fence)
+        cdef fence_entry f = deref(self.c_obj).board().fence_at(fence)
         return {"stream": f.stream, "recorded": f.recorded, "signalled": f.signalled}
 
     @property
@@ -127,12 +253,29 @@ cdef class HostSyncOnFree:
         return deref(self.c_obj).board().forced_waits
 
     @property
+    def board_counts(self) -> dict:
+        """What the platform saw: successful waits and syncs, failed calls, identity queries
+        on a capturing stream (each would have invalidated a capture)."""
+        cdef fence_board* b = &deref(self.c_obj).board()
+        return {
+            "waits_ok": b.waits_ok,
+            "syncs_ok": b.syncs_ok,
+            "failed_calls": b.failed_calls,
+            "invalidated_captures": b.invalidated_captures,
+            "identity_queries": b.identity_queries,
+        }
+
+    @property
     def releases(self) -> list:
-        """Blocks the upstream got back, in order: (ptr, nbytes, stream, fence_signalled)."""
+        """Blocks the upstream got back, in order: (ptr, nbytes, stream, work_done)."""
         return [
             (r.ptr, r.bytes, r.stream, r.fence_signalled)
-            for r in deref(self.c_obj).upstream().releases
+            for r in deref(self.c_obj).upstream().releases_copy()
         ]
+
+    @property
+    def upstream_bad_frees(self) -> int:
+        return deref(self.c_obj).upstream().bad_frees
 
     @property
     def upstream_used(self) -> int:
@@ -145,6 +288,10 @@ cdef class HostSyncOnFree:
     @property
     def pending_count(self) -> int:
         return deref(self.c_obj).core().pending_count()
+
+    @property
+    def live_count(self) -> int:
+        return deref(self.c_obj).core().live_count()
 
     @property
     def stats(self) -> dict:

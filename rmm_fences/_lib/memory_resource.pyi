@@ -14,6 +14,8 @@ class SyncOnFreeStats(TypedDict):
     oom_retries: int
     parked: int
     peak_pending_bytes: int
+    failed_syncs: int
+    rejected_frees: int
 
 class SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
     def __init__(
@@ -32,6 +34,7 @@ class SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
     def pending_count(self) -> int: ...
     @property
     def stats(self) -> SyncOnFreeStats: ...
+    def deallocate(self, ptr: int, nbytes: int, stream: Any = ...) -> None: ...
     def flush(self) -> None: ...
 
 class NaiveCachingMemoryResource(UpstreamResourceAdaptor):

@@ -28,6 +28,8 @@ from rmm_fences._sizes import parse_bytes
 
 from rmm_fences._lib._pool cimport pool_stats_dict, stream_ordered_pool_stats
 from rmm_fences._lib._sync_on_free cimport (
+    free_problem,
+    free_result,
     mode_from_name,
     stats_dict,
     sync_mode,
@@ -39,6 +41,7 @@ cdef extern from "rmm_fences/sync_on_free_resource_adaptor.hpp" \
         namespace "rmm_fences::mr" nogil:
     cdef cppclass sync_on_free_resource_adaptor_impl \
             "rmm_fences::mr::detail::sync_on_free_resource_adaptor_impl":
+        free_result deallocate_checked(stream_ref stream, void* ptr, size_t nbytes) noexcept
         void flush() except +
         size_t pending_bytes() except +
         size_t pending_count() except +
@@ -215,20 +218,51 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         """Number of freed blocks that did not reach the upstream yet."""
         return deref(self.c_obj).get().pending_count()
 
+    def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM):
+        """Free ``ptr`` of ``nbytes`` bytes on ``stream``, by the adaptor's mode.
+
+        Parameters
+        ----------
+        ptr : int
+            A pointer returned by :meth:`allocate` and not freed since.
+        nbytes : int
+            The size it was allocated with.
+        stream : rmm Stream, __cuda_stream__ object or None
+            The stream whose queued work may still use the block (default stream if None).
+
+        Raises
+        ------
+        ValueError
+            On a double free, a pointer the adaptor did not allocate, or a size that does not
+            match the allocation; nothing is freed then.
+        """
+        cdef Stream s = _as_stream(stream)
+        cdef stream_ref c_stream = s.view()
+        cdef free_result r
+        with nogil:
+            r = deref(self.c_obj).get().deallocate_checked(c_stream, <void*>ptr, nbytes)
+        problem = free_problem(r, ptr, nbytes)
+        if problem is not None:
+            raise ValueError(problem)
+
     def flush(self) -> None:
         """Block until every pending block went upstream.
 
-        Waits for the fence of each pending block. Blocks freed during a stream capture are
-        returned too once the device is idle; while a capture is under way they stay pending.
+        Waits for the fence of each pending block. Blocks freed during a stream capture, and
+        blocks whose fence wait failed, are returned once a device synchronization succeeds;
+        while a capture is under way they stay pending (nothing is released on a failure).
         """
         with nogil:
             deref(self.c_obj).get().flush()
 
     @property
     def stats(self) -> dict:
-        """Counters: ``syncs`` (host waits), ``deferred`` (frees that returned at once),
-        ``released`` (pending blocks handed upstream), ``oom_retries``, ``parked`` (frees
-        during stream capture), ``peak_pending_bytes``."""
+        """Counters: ``syncs`` (host waits that succeeded), ``deferred`` (frees that returned
+        at once), ``released`` (pending blocks handed upstream), ``oom_retries``, ``parked``
+        (frees listed without a fence: during stream capture, or when none could be recorded),
+        ``peak_pending_bytes``, ``failed_syncs`` (syncs and fence waits that failed: nothing
+        was released on them), ``rejected_frees`` (double frees, foreign pointers, size
+        mismatches)."""
         return stats_dict(deref(self.c_obj).get().stats())
 
 
@@ -253,9 +287,13 @@ class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
     -----
     If the upstream runs out of memory, every pending fence is waited on, those blocks go
     upstream and the allocation is retried once before :class:`MemoryError` is raised.
-    During stream capture nothing is queried or synchronized on the capturing stream: its
-    frees wait, unfenced, until the next call on that stream outside capture. The adaptor
-    belongs to the device that is current when it is constructed.
+    A failed query, wait or synchronization (another thread capturing in the global mode,
+    say) never releases a block: it stays pending and is retried. During stream capture
+    nothing is queried or synchronized on the capturing stream: its frees wait, unfenced,
+    until a later call on that very stream outside capture (when the adaptor can verify the
+    stream's identity) or a successful device synchronization (:meth:`flush`, out of memory).
+    Double frees, foreign pointers and size mismatches are rejected before any upstream call.
+    The adaptor belongs to the device that is current when it is constructed.
 
     Examples
     --------

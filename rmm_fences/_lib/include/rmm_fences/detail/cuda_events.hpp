@@ -155,6 +155,11 @@ inline bool is_capturing(cuda::stream_ref stream) noexcept
 
 /**
  * @brief The CUDA side of `sync_on_free_core`: pooled events as fences on one device.
+ *
+ * Records, stream waits, syncs and identity queries run in relaxed capture mode: while another
+ * thread captures in the global mode, this thread's calls then neither fail for that reason nor
+ * invalidate that capture. A sync that fails returns false (the core never counts it or frees
+ * on it).
  */
 class cuda_platform : public cuda_event_fence_ops {
  public:
@@ -163,12 +168,18 @@ class cuda_platform : public cuda_event_fence_ops {
 
   explicit cuda_platform(rmm::cuda_device_id device) : device_{device}, events_{device} {}
 
-  [[nodiscard]] cudaEvent_t acquire_fence() { return events_.acquire(); }
+  /// A pooled event; one is created (in relaxed capture mode) when the pool is empty.
+  [[nodiscard]] cudaEvent_t acquire_fence()
+  {
+    relaxed_capture_scope relaxed;
+    return events_.acquire();
+  }
 
   void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
 
   static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
   {
+    relaxed_capture_scope relaxed;
     if (auto const rec = driver_api::get().event_record; rec != nullptr) {
       if (rec(reinterpret_cast<CUevent>(event), reinterpret_cast<CUstream>(stream.get())) ==
           CUDA_SUCCESS) {
@@ -183,6 +194,7 @@ class cuda_platform : public cuda_event_fence_ops {
   /// Enqueues on `waiter` a wait for `event` (device side: the host does not block).
   static bool stream_wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
   {
+    relaxed_capture_scope relaxed;
     if (auto const wait = driver_api::get().stream_wait_event; wait != nullptr) {
       if (wait(reinterpret_cast<CUstream>(waiter.get()), reinterpret_cast<CUevent>(event), 0) ==
           CUDA_SUCCESS) {
@@ -199,24 +211,53 @@ class cuda_platform : public cuda_event_fence_ops {
     return rmm_fences::detail::is_capturing(stream);
   }
 
-  void sync_device() noexcept { (void)try_sync_device(); }
-
-  bool try_sync_device() noexcept
+  /// Synchronizes the adaptor's device; false when that failed (nothing is known then).
+  bool sync_device() noexcept
   {
     rmm::cuda_set_device_raii guard{device_};
+    relaxed_capture_scope relaxed;
     if (cudaDeviceSynchronize() == cudaSuccess) { return true; }
     (void)cudaGetLastError();
     return false;
   }
 
-  static void sync_stream(cuda::stream_ref stream) noexcept
+  /// Synchronizes `stream`; false when that failed (nothing is known then).
+  static bool sync_stream(cuda::stream_ref stream) noexcept
   {
-    if (cudaStreamSynchronize(stream.get()) != cudaSuccess) { (void)cudaGetLastError(); }
+    relaxed_capture_scope relaxed;
+    if (cudaStreamSynchronize(stream.get()) == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
   }
 
+  /**
+   * @brief The list key of `stream`: its handle, except the per-thread default stream
+   * (one handle value for every thread), which is told apart by the calling thread.
+   */
   static std::uintptr_t key(cuda::stream_ref stream) noexcept
   {
+    if (stream.get() == cudaStreamPerThread) {
+      static thread_local char per_thread_token{};
+      return reinterpret_cast<std::uintptr_t>(&per_thread_token);
+    }
     return reinterpret_cast<std::uintptr_t>(stream.get());
+  }
+
+  /**
+   * @brief The process-unique id of `stream` (`cuStreamGetId`), or 0 when unknown.
+   *
+   * Never call it on a capturing stream: it would invalidate the capture.
+   */
+  static std::uint64_t stream_id(cuda::stream_ref stream) noexcept
+  {
+    relaxed_capture_scope relaxed;
+    unsigned long long id = 0;
+    if (auto const get_id = driver_api::get().stream_get_id; get_id != nullptr) {
+      if (get_id(reinterpret_cast<CUstream>(stream.get()), &id) == CUDA_SUCCESS) { return id; }
+    }
+    if (cudaStreamGetId(stream.get(), &id) == cudaSuccess) { return id; }
+    (void)cudaGetLastError();
+    return 0;
   }
 
   static cuda::stream_ref default_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }

@@ -8,11 +8,14 @@
 #pragma once
 
 #include <rmm_fences/detail/deferred_free_list.hpp>
+#include <rmm_fences/detail/pointer_map.hpp>
+#include <rmm_fences/detail/spin_mutex.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -29,12 +32,29 @@ enum class sync_mode : int {
 
 /// Counters of a `sync_on_free_resource_adaptor` (monotonic, except the peak).
 struct sync_on_free_stats {
-  std::uint64_t syncs{};               ///< host waits: device or stream syncs, fence waits
+  std::uint64_t syncs{};               ///< host waits that succeeded (syncs, fence waits)
   std::uint64_t deferred{};            ///< frees that recorded a fence and returned at once
   std::uint64_t released{};            ///< listed blocks handed to the upstream
   std::uint64_t oom_retries{};         ///< allocations retried after draining pending blocks
-  std::uint64_t parked{};              ///< frees made during stream capture
+  std::uint64_t parked{};              ///< frees listed without a fence (capture, no fence)
   std::uint64_t peak_pending_bytes{};  ///< largest pending total seen (after the cap applied)
+  std::uint64_t failed_syncs{};        ///< syncs and fence waits that failed (nothing released)
+  std::uint64_t rejected_frees{};      ///< double frees, foreign pointers, size mismatches
+};
+
+/// What the check of a free found.
+enum class free_check : int {
+  ok            = 0,  ///< a live block of this size handed out by the adaptor
+  untracked     = 1,  ///< a null pointer, or a size-0 free of an untracked pointer: passed through
+  unknown       = 2,  ///< not handed out by the adaptor, or already returned to the upstream
+  pending       = 3,  ///< already freed: its release waits for a fence (a double free)
+  size_mismatch = 4,  ///< handed out with another size
+};
+
+/// The check of a free and, for a size mismatch, the size the block was allocated with.
+struct free_result {
+  free_check check{free_check::ok};
+  std::size_t allocated_bytes{};
 };
 
 }  // namespace rmm_fences::mr
@@ -47,22 +67,42 @@ namespace rmm_fences::detail {
  * `Platform` provides:
  *
  *   using fence_type; using stream_type; using out_of_memory;     // exception of the upstream
- *   bool ready(fence_type); void wait(fence_type);                // fence test / blocking wait
+ *   bool ready(fence_type);                    // true only when known complete (error: false)
+ *   bool wait(fence_type);                     // blocking wait; false when the wait failed
  *   fence_type acquire_fence(); void release_fence(fence_type) noexcept;
  *   bool record(fence_type, stream_type) noexcept;                // fence after queued work
  *   bool is_capturing(stream_type) noexcept;
- *   void sync_device() noexcept; bool try_sync_device() noexcept; void sync_stream(stream_type)
- *   std::uintptr_t key(stream_type) noexcept; stream_type default_stream() noexcept;
+ *   bool sync_device() noexcept; bool sync_stream(stream_type) noexcept;  // false: failed
+ *   std::uintptr_t key(stream_type) noexcept;  // per-thread default streams told apart
+ *   std::uint64_t stream_id(stream_type) noexcept;  // process-unique identity, 0 if unknown;
+ *                                                   // never called on a capturing stream
+ *   stream_type default_stream() noexcept;
  *
  * `Upstream` provides `void* allocate(stream, bytes, alignment)` and a `noexcept deallocate`.
  *
- * Rules (DESIGN.md): in deferred mode a fence is recorded on the freeing stream before the block
- * is listed; a listed block goes upstream only after its fence reported ready or was waited on;
- * every call polls without blocking; above `max_pending_bytes` the oldest fences are waited on;
- * on out-of-memory every fence is waited on and the allocation retried once. During capture of
- * the calling stream nothing is queried or synchronized: frees are parked and get their fence at
- * the next call on that stream outside capture. One mutex guards the list; fence waits and
- * upstream calls run outside it.
+ * Rules: in deferred mode a fence is recorded on the freeing stream before the block is listed;
+ * a listed block goes upstream only after its fence reported complete, or a wait on it or a
+ * device synchronization begun after it was taken out of the list succeeded. A failed query,
+ * wait or synchronization never releases a block and never counts as a sync: the block stays
+ * listed and is retried later. In device and stream mode a failed synchronization falls back to
+ * the deferred rule; when not even a fence can be recorded the block is parked. Every call
+ * polls without blocking; above `max_pending_bytes` the oldest fences are waited on; on
+ * out-of-memory every fence is waited on (and parked blocks go if the device synchronizes) and
+ * the allocation retried once.
+ *
+ * During capture of the calling stream nothing is queried or synchronized: frees are parked.
+ * A parked block gets its fence at a later call outside capture only on the very stream that
+ * freed it: same key (a per-thread default stream is qualified by its thread) and same
+ * process-unique identity. The identity of a stream is asked once per key, at its first free
+ * outside capture (never of a capturing stream, which would invalidate the capture); a block
+ * parked on a stream never seen outside capture has no known identity and stays parked until
+ * a device synchronization succeeds (`drain`).
+ *
+ * Frees are checked against the blocks handed out (ptr -> bytes): a double free, a foreign
+ * pointer or a size mismatch is rejected before any fence or upstream call.
+ *
+ * One mutex guards the list; fence waits and upstream calls run outside it. A spin lock
+ * guards the live-block map.
  */
 template <typename Platform, typename Upstream>
 class sync_on_free_core {
@@ -97,63 +137,98 @@ class sync_on_free_core {
     auto [ptr, retried] = allocate_with_drain<typename Platform::out_of_memory>(
       [&] { return upstream_.allocate(stream, bytes, alignment); },
       [&] {
-        return !platform_.is_capturing(stream) && drain(/*include_parked=*/false, stream) > 0;
+        return !platform_.is_capturing(stream) && drain(/*include_parked=*/true, stream) > 0;
       });
     if (retried) { oom_retries_.fetch_add(1, std::memory_order_relaxed); }
+    if (ptr != nullptr && bytes > 0) {
+      try {
+        std::lock_guard<spin_mutex> lock(live_mutex_);
+        live_.insert_or_assign(reinterpret_cast<std::uintptr_t>(ptr), bytes);
+      } catch (...) {
+        upstream_.deallocate(stream, ptr, bytes, alignment);
+        throw;
+      }
+    }
     return ptr;
   }
 
-  /// Frees by the mode's rule; parks the block during capture of `stream`.
+  /**
+   * @brief Frees by the mode's rule; parks the block during capture of `stream`.
+   *
+   * A bad free (double free, foreign pointer, size mismatch) changes nothing: it is counted in
+   * `rejected_frees` and reported on one line of stderr.
+   */
   void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept
   {
-    deferred_block const block{ptr, bytes, alignment};
-    if (platform_.is_capturing(stream)) {
-      park(stream, block);
-      return;
+    auto const result = deallocate_checked(stream, ptr, bytes, alignment);
+    if (result.check == rmm_fences::mr::free_check::unknown ||
+        result.check == rmm_fences::mr::free_check::pending ||
+        result.check == rmm_fences::mr::free_check::size_mismatch) {
+      report_rejected(ptr, bytes, result);
     }
-    switch (mode_) {
-      case rmm_fences::mr::sync_mode::device:
-        platform_.sync_device();
-        count_syncs(1);
-        break;
-      case rmm_fences::mr::sync_mode::stream:
-        platform_.sync_stream(stream);
-        count_syncs(1);
-        break;
-      case rmm_fences::mr::sync_mode::deferred:
-        if (defer(stream, block)) { return; }
-        break;
+  }
+
+  /**
+   * @brief `deallocate` that returns what the check found instead of reporting it.
+   *
+   * On `unknown`, `pending` or `size_mismatch` nothing was done (the free is counted in
+   * `rejected_frees`); the caller names the problem.
+   */
+  rmm_fences::mr::free_result deallocate_checked(stream_type stream,
+                                                 void* ptr,
+                                                 std::size_t bytes,
+                                                 std::size_t alignment) noexcept
+  {
+    auto const result = untrack(ptr, bytes);
+    if (result.check != rmm_fences::mr::free_check::ok &&
+        result.check != rmm_fences::mr::free_check::untracked) {
+      rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+      return result;
     }
-    if (listed_hint_.load(std::memory_order_relaxed) > 0) { poll(stream); }
-    upstream_.deallocate(stream, ptr, bytes, alignment);
+    free_block(stream, deferred_block{ptr, bytes, alignment});
+    return result;
   }
 
   /**
    * @brief Waits for every fenced block and returns it upstream on `stream`.
    *
-   * With `include_parked`, parked blocks go too if a device synchronization succeeds (it fails
-   * while a capture is under way; they stay parked then).
+   * With `include_parked`, parked blocks (and blocks whose fence wait failed) go too if a device
+   * synchronization begun after they were taken out succeeds; otherwise they stay listed.
    * @return the number of blocks returned
    */
   std::size_t drain(bool include_parked, stream_type stream)
   {
     buffer taken;
-    bool any_parked = false;
+    buffer done;
+    buffer failed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       list_.take_all_fenced(taken);
-      any_parked = list_.parked_count() > 0;
+      // Detached before the sync: a block parked by another thread once the sync began is not
+      // covered by it and stays listed.
+      if (include_parked) { list_.take_parked(taken); }
       list_changed();
     }
-    count_syncs(wait_all(platform_, taken));
-    if (include_parked && any_parked && platform_.try_sync_device()) {
-      count_syncs(1);
-      std::lock_guard<std::mutex> lock(mutex_);
-      list_.take_parked(taken);
-      list_changed();
+    std::size_t fenced_failures = 0;
+    count_syncs(wait_all(platform_, taken, done, failed));
+    for (auto const& e : failed) {
+      fenced_failures += e.fence.has_value();
     }
-    auto const n = taken.size();
-    release(taken, stream);
+    count_failures(fenced_failures);
+    if (!failed.empty() && include_parked) {
+      if (platform_.sync_device()) {
+        count_syncs(1);
+        for (auto& e : failed) {
+          done.push_back(std::move(e));
+        }
+        failed.clear();
+      } else {
+        count_failures(1);
+      }
+    }
+    relist(failed);
+    auto const n = done.size();
+    release(done, stream);
     return n;
   }
 
@@ -178,6 +253,13 @@ class sync_on_free_core {
     return list_.pending_count();
   }
 
+  /// Number of blocks handed out and not freed yet.
+  [[nodiscard]] std::size_t live_count() const
+  {
+    std::lock_guard<spin_mutex> lock(live_mutex_);
+    return live_.size();
+  }
+
   /// A snapshot of the counters.
   [[nodiscard]] rmm_fences::mr::sync_on_free_stats stats() const
   {
@@ -189,6 +271,8 @@ class sync_on_free_core {
     s.oom_retries        = oom_retries_.load(std::memory_order_relaxed);
     s.parked             = parked_;
     s.peak_pending_bytes = peak_pending_bytes_;
+    s.failed_syncs       = failed_syncs_.load(std::memory_order_relaxed);
+    s.rejected_frees     = rejected_frees_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -197,9 +281,16 @@ class sync_on_free_core {
   [[nodiscard]] Upstream const& upstream() const noexcept { return upstream_; }
 
  private:
+  using key_type = std::uintptr_t;
+
   void count_syncs(std::size_t n) noexcept
   {
     if (n > 0) { syncs_.fetch_add(n, std::memory_order_relaxed); }
+  }
+
+  void count_failures(std::size_t n) noexcept
+  {
+    if (n > 0) { failed_syncs_.fetch_add(n, std::memory_order_relaxed); }
   }
 
   /// Updates the peak and the lock-free hint after the list changed (caller holds the lock).
@@ -209,70 +300,238 @@ class sync_on_free_core {
     listed_hint_.store(list_.pending_count(), std::memory_order_relaxed);
   }
 
-  /// Records a fence and lists the block; false when it could not (the caller then frees it
-  /// synchronously, after this function waited on the stream).
-  bool defer(stream_type stream, deferred_block block) noexcept
+  /// Removes `ptr` from the live blocks if it is one of `bytes` bytes; says what it found.
+  rmm_fences::mr::free_result untrack(void* ptr, std::size_t bytes) noexcept
   {
-    typename Platform::fence_type fence{};
+    using rmm_fences::mr::free_check;
+    if (ptr == nullptr) { return {free_check::untracked, 0}; }
+    auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+    {
+      std::lock_guard<spin_mutex> lock(live_mutex_);
+      if (auto* size = live_.find(key); size != nullptr) {
+        if (*size != bytes) { return {free_check::size_mismatch, *size}; }
+        (void)live_.take(key);
+        return {free_check::ok, bytes};
+      }
+    }
+    if (bytes == 0) { return {free_check::untracked, 0}; }
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {list_.contains(ptr) ? free_check::pending : free_check::unknown, 0};
+  }
+
+  static void report_rejected(void* ptr, std::size_t bytes, rmm_fences::mr::free_result r) noexcept
+  {
+    using rmm_fences::mr::free_check;
+    if (r.check == free_check::size_mismatch) {
+      std::fprintf(stderr,
+                   "rmm_fences: SyncOnFreeResourceAdaptor rejected the free of %p (%zu bytes): "
+                   "size mismatch, the block was allocated with %zu bytes; nothing was freed\n",
+                   ptr, bytes, r.allocated_bytes);
+    } else {
+      std::fprintf(stderr,
+                   "rmm_fences: SyncOnFreeResourceAdaptor rejected the free of %p (%zu bytes): "
+                   "%s; nothing was freed\n",
+                   ptr, bytes,
+                   r.check == free_check::pending
+                     ? "double free, the block is already freed and pending its fence"
+                     : "not a live block of this adaptor (double free or foreign pointer)");
+    }
+  }
+
+  /// Frees a checked block by the mode's rule.
+  void free_block(stream_type stream, deferred_block block) noexcept
+  {
+    if (platform_.is_capturing(stream)) {
+      park(stream, block, /*verifiable=*/true);
+      return;
+    }
+    switch (mode_) {
+      case rmm_fences::mr::sync_mode::device:
+        if (!platform_.sync_device()) {
+          count_failures(1);
+          defer(stream, block, /*sync_if_no_fence=*/false);
+          return;
+        }
+        count_syncs(1);
+        remember_stream(stream);
+        break;
+      case rmm_fences::mr::sync_mode::stream:
+        if (!platform_.sync_stream(stream)) {
+          count_failures(1);
+          defer(stream, block, /*sync_if_no_fence=*/false);
+          return;
+        }
+        count_syncs(1);
+        remember_stream(stream);
+        break;
+      case rmm_fences::mr::sync_mode::deferred:
+        defer(stream, block, /*sync_if_no_fence=*/true);
+        return;
+    }
+    if (listed_hint_.load(std::memory_order_relaxed) > 0) { poll(stream); }
+    upstream_.deallocate(stream, block.ptr, block.bytes, block.alignment);
+  }
+
+  /**
+   * @brief Records a fence and lists the block.
+   *
+   * When no fence can be recorded: with `sync_if_no_fence` the stream is synchronized and the
+   * block freed at once; when that fails too (or is not tried) the block is parked with no
+   * stream identity, released only after a device synchronization succeeds.
+   */
+  void defer(stream_type stream, deferred_block block, bool sync_if_no_fence) noexcept
+  {
+    std::optional<typename Platform::fence_type> fence;
     try {
       fence = platform_.acquire_fence();
     } catch (...) {
-      platform_.sync_stream(stream);
-      count_syncs(1);
-      return false;
     }
     // The fence is recorded before the block is listed, so no thread sees it without its fence.
-    if (!platform_.record(fence, stream)) {
-      platform_.release_fence(fence);
-      platform_.sync_stream(stream);
-      count_syncs(1);
-      return false;
+    if (fence.has_value() && !platform_.record(*fence, stream)) {
+      platform_.release_fence(*fence);
+      fence.reset();
+    }
+    if (!fence.has_value()) {
+      if (sync_if_no_fence) {
+        if (platform_.sync_stream(stream)) {
+          count_syncs(1);
+          if (listed_hint_.load(std::memory_order_relaxed) > 0) { poll(stream); }
+          upstream_.deallocate(stream, block.ptr, block.bytes, block.alignment);
+          return;
+        }
+        count_failures(1);
+      }
+      park(stream, block, /*verifiable=*/false);
+      return;
     }
     buffer ready;
     buffer oldest;
-    bool listed = false;
+    bool listed  = false;
+    bool need_id = false;
     try {
       std::lock_guard<std::mutex> lock(mutex_);
-      arm_parked(stream);
+      try_arm_parked(stream);
       list_.release_ready(platform_, ready);
-      list_.push(platform_.key(stream), block, fence);
+      list_.push(platform_.key(stream), block, *fence);
       listed = true;
       ++deferred_;
       if (max_pending_bytes_ && list_.pending_bytes() > *max_pending_bytes_) {
         list_.take_oldest_until(*max_pending_bytes_, oldest);
       }
       list_changed();
+      need_id = known_id(platform_.key(stream)) == nullptr;
     } catch (...) {
-      // Out of host memory while listing; an unlisted block is freed synchronously instead.
+      // Out of host memory while listing; handled below.
     }
     if (!listed) {
-      platform_.wait(fence);
-      count_syncs(1);
-      platform_.release_fence(fence);
+      if (platform_.wait(*fence)) {
+        count_syncs(1);
+        ready.push_back(entry{block, fence, 0, platform_.key(stream), 0});
+      } else {
+        // Neither listed nor known done: leaking the block is the only safe choice.
+        count_failures(1);
+        platform_.release_fence(*fence);
+      }
     }
-    count_syncs(wait_all(platform_, oldest));
+    if (need_id) { remember_stream(stream); }
+    settle_oldest(oldest);
     release(ready, stream);
     release(oldest, stream);
-    return listed;
   }
 
-  void park(stream_type stream, deferred_block block) noexcept
+  /// Waits on the fences of blocks taken above the cap; those whose wait failed are relisted.
+  void settle_oldest(buffer& oldest) noexcept
+  {
+    if (oldest.empty()) { return; }
+    buffer taken;
+    for (auto& e : oldest) {
+      taken.push_back(std::move(e));
+    }
+    oldest.clear();
+    buffer failed;
+    count_syncs(wait_all(platform_, taken, oldest, failed));
+    count_failures(failed.size());
+    relist(failed);
+  }
+
+  /// Lists again blocks whose wait failed (nothing known about them).
+  void relist(buffer& failed) noexcept
+  {
+    if (failed.empty()) { return; }
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
+      list_.restore(failed);
+      list_changed();
+    } catch (...) {
+      // No host memory to list them again: leaking is the only safe choice.
+    }
+    failed.clear();
+  }
+
+  /**
+   * @brief Lists a block without a fence.
+   *
+   * `verifiable`: freed during capture of `stream`; it remembers the stream's identity if known
+   * (seen outside capture before), so a later call on that very stream can arm it. Otherwise
+   * only a device synchronization releases it.
+   */
+  void park(stream_type stream, deferred_block block, bool verifiable) noexcept
   {
     try {
       std::lock_guard<std::mutex> lock(mutex_);
-      list_.park(platform_.key(stream), block);
+      auto const key = platform_.key(stream);
+      std::uint64_t id = list_type::unknown_stream;
+      if (verifiable) {
+        if (auto const* known = known_id(key); known != nullptr) { id = *known; }
+      }
+      list_.park(key, id, block);
       ++parked_;
       list_changed();
     } catch (...) {
-      // No host memory to list it: during capture, leaking the block is the only safe choice.
+      // No host memory to list it: leaking the block is the only safe choice.
     }
   }
 
-  /// Gives the parked blocks of `stream` their fence (caller holds the lock; not capturing).
+  /// The identity last seen for `key`, or nullptr (caller holds the lock).
+  [[nodiscard]] std::uint64_t const* known_id(key_type key) noexcept { return ids_.find(key + 1); }
+
+  /// Notes `key`'s identity (caller holds the lock); no host memory: stays unknown.
+  void note_id(key_type key, std::uint64_t id) noexcept
+  {
+    if (id == list_type::unknown_stream) { return; }
+    try {
+      ids_.insert_or_assign(key + 1, id);
+    } catch (...) {
+    }
+  }
+
+  /**
+   * @brief Remembers the identity of `stream` (not capturing) the first time its key is seen.
+   *
+   * One identity query per stream key, never per free. A stale identity (the handle reused
+   * since) only keeps blocks parked longer: identities are never reused, so it can never match
+   * another stream; arming refreshes it.
+   */
+  void remember_stream(stream_type stream) noexcept
+  {
+    auto const key = platform_.key(stream);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (known_id(key) != nullptr) { return; }
+    }
+    auto const id = platform_.stream_id(stream);
+    std::lock_guard<std::mutex> lock(mutex_);
+    note_id(key, id);
+  }
+
+  /// Gives the parked blocks freed on this very stream their fence (caller holds the lock).
   void arm_parked(stream_type stream)
   {
-    if (!list_.has_parked(platform_.key(stream))) { return; }
-    list_.arm(platform_.key(stream), [&] {
+    auto const key = platform_.key(stream);
+    if (!list_.has_armable(key)) { return; }
+    auto const id = platform_.stream_id(stream);
+    note_id(key, id);
+    list_.arm(key, id, [&] {
       auto fence = platform_.acquire_fence();
       if (!platform_.record(fence, stream)) {
         platform_.release_fence(fence);
@@ -282,17 +541,26 @@ class sync_on_free_core {
     });
   }
 
+  /// `arm_parked`; a failure (no fence, no host memory) leaves the blocks parked for later.
+  void try_arm_parked(stream_type stream) noexcept
+  {
+    try {
+      arm_parked(stream);
+    } catch (...) {
+    }
+  }
+
   /// Returns every block whose fence completed; never blocks.
   void poll(stream_type stream) noexcept
   {
     buffer ready;
     try {
       std::lock_guard<std::mutex> lock(mutex_);
-      arm_parked(stream);
+      try_arm_parked(stream);
       list_.release_ready(platform_, ready);
       list_changed();
     } catch (...) {
-      // Arming failed (no fence or no host memory): the blocks stay listed for a later call.
+      // No host memory for the released entries: they stay listed for a later call.
     }
     release(ready, stream);
   }
@@ -319,10 +587,16 @@ class sync_on_free_core {
   std::uint64_t deferred_{};                // guarded by mutex_
   std::uint64_t parked_{};                  // guarded by mutex_
   std::uint64_t peak_pending_bytes_{};      // guarded by mutex_
+  pointer_map<std::uint64_t> ids_{64};      // guarded by mutex_: stream key + 1 -> identity
   std::atomic<std::size_t> listed_hint_{};  // pending_count, read without the lock
   std::atomic<std::uint64_t> syncs_{};
   std::atomic<std::uint64_t> released_{};
   std::atomic<std::uint64_t> oom_retries_{};
+  std::atomic<std::uint64_t> failed_syncs_{};
+  std::atomic<std::uint64_t> rejected_frees_{};
+
+  mutable spin_mutex live_mutex_;
+  pointer_map<std::size_t> live_;  // guarded by live_mutex_: blocks handed out -> bytes
 };
 
 }  // namespace rmm_fences::detail

@@ -77,13 +77,27 @@ class sync_on_free_resource_adaptor_impl {
     return core_.allocate(stream, bytes, alignment);
   }
 
-  /// Frees by the mode's rule; never blocks in deferred mode.
+  /// Frees by the mode's rule; never blocks in deferred mode. A bad free (double free, foreign
+  /// pointer, size mismatch) changes nothing: counted in `rejected_frees`, one line on stderr.
   void deallocate(cuda::stream_ref stream,
                   void* ptr,
                   std::size_t bytes,
                   std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
   {
     core_.deallocate(stream, ptr, bytes, alignment);
+  }
+
+  /**
+   * @brief `deallocate` that returns what the check of the free found instead of printing it.
+   *
+   * On a double free, a foreign pointer or a size mismatch nothing is done.
+   */
+  free_result deallocate_checked(cuda::stream_ref stream,
+                                 void* ptr,
+                                 std::size_t bytes,
+                                 std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
+  {
+    return core_.deallocate_checked(stream, ptr, bytes, alignment);
   }
 
   /// Allocates on the default stream and synchronizes it.
@@ -104,7 +118,8 @@ class sync_on_free_resource_adaptor_impl {
     deallocate(core_.platform().default_stream(), ptr, bytes, alignment);
   }
 
-  /// Blocks until every pending block went upstream (parked ones only if no capture runs).
+  /// Blocks until every pending block went upstream, except those whose fence wait and a device
+  /// synchronization both failed (a capture under way): they stay pending.
   void flush()
   {
     auto& platform = core_.platform();
@@ -124,6 +139,7 @@ class sync_on_free_resource_adaptor_impl {
   }
   [[nodiscard]] std::size_t pending_bytes() const { return core_.pending_bytes(); }
   [[nodiscard]] std::size_t pending_count() const { return core_.pending_count(); }
+  [[nodiscard]] std::size_t live_count() const { return core_.live_count(); }
   [[nodiscard]] sync_on_free_stats stats() const { return core_.stats(); }
 
   friend void get_property(sync_on_free_resource_adaptor_impl const&,

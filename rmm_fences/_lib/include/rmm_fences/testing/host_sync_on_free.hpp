@@ -2,19 +2,33 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * The SyncOnFree policy core on host memory with fences signalled by hand (CPU tests only).
+ *
+ * The host platform models what the core must survive on a GPU: streams with an identity
+ * distinct from their handle (a destroyed stream's handle reused by a new stream; one
+ * per-thread default stream handle for every thread), work that completes in stream order,
+ * stream capture, and faults: a fence query, fence wait, device or stream synchronization,
+ * fence record or identity query that fails, and "another thread captures in the global mode",
+ * which makes every query, wait and synchronization fail. Every call is thread-safe, so real
+ * threads can drive the core.
  */
 #pragma once
 
 #include <rmm_fences/detail/sync_on_free_core.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <random>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -25,44 +39,173 @@ struct host_out_of_memory : std::bad_alloc {
   [[nodiscard]] char const* what() const noexcept override { return "host upstream: limit"; }
 };
 
+/// The handle of the per-thread default stream: one value, a different stream per thread.
+inline constexpr std::uintptr_t per_thread_handle = 2;
+
+/// The simulated thread of the caller (selects its per-thread default stream).
+inline thread_local int host_thread = 0;
+
 /**
- * @brief Manual fences that follow stream order.
+ * @brief Streams, their work and manual fences that follow stream order.
  *
- * Fence i is recorded on a stream; `signal(i)` also signals every earlier fence of that stream,
- * as a GPU completes a stream's work in order. `wait(i)` stands for a host that blocks until i
- * completes: it signals i and counts a forced wait.
+ * Each stream (identity: an id never reused) has `enqueued` work items and `completed` ones;
+ * a fence recorded on it is one more item and is signalled when `completed` reaches it.
+ * `signal(i)` completes fence i and everything before it on its stream; `wait(i)` stands for a
+ * host that blocks until i completes (it counts a forced wait when i had not completed).
  */
 struct fence_board {
   struct fence {
-    std::uintptr_t stream{};
+    std::uintptr_t stream{};  ///< the handle it was recorded on
+    std::uint64_t stream_id{};
+    std::uint64_t position{};
     bool recorded{};
-    bool signalled{};
+    bool signalled{};  ///< filled by `fence_at`
   };
-  std::vector<fence> fences;
-  std::set<std::uintptr_t> capturing;
-  std::uint64_t forced_waits{};
-  bool fail_next_record{};
+  struct stream_state {
+    std::uint64_t enqueued{};
+    std::uint64_t completed{};
+    bool capturing{};
+  };
 
-  void signal(std::size_t id)
+  mutable std::recursive_mutex m;
+  std::vector<fence> fences;
+  std::map<std::uint64_t, stream_state> streams;  // by identity
+  std::map<std::uintptr_t, std::uint64_t> handles;
+  std::map<int, std::uint64_t> per_thread;
+  std::uint64_t next_id{1};
+
+  // Faults: the next N calls of each kind fail; `global_capture` fails every query, wait and
+  // synchronization (another thread captures in the global mode).
+  int fail_query{};
+  int fail_wait{};
+  int fail_sync_device{};
+  int fail_sync_stream{};
+  int fail_record{};
+  int fail_stream_id{};
+  bool global_capture{};
+
+  // What happened.
+  std::uint64_t forced_waits{};
+  std::uint64_t waits_ok{};
+  std::uint64_t syncs_ok{};
+  std::uint64_t failed_calls{};
+  std::uint64_t invalidated_captures{};  ///< identity queries made on a capturing stream
+  std::uint64_t identity_queries{};
+
+  /// Runs once right after the next successful device synchronization (another thread's call
+  /// that lands after the sync covered everything).
+  std::function<void()> after_sync_device;
+
+  std::uint64_t resolve(std::uintptr_t handle)
   {
-    auto const stream = fences.at(id).stream;
-    for (std::size_t i = 0; i <= id; ++i) {
-      if (fences[i].recorded && fences[i].stream == stream) { fences[i].signalled = true; }
+    std::lock_guard<std::recursive_mutex> lock(m);
+    std::uint64_t* id = nullptr;
+    if (handle == per_thread_handle) {
+      id = &per_thread[host_thread];
+    } else {
+      id = &handles[handle];
     }
+    if (*id == 0) {
+      *id = next_id++;
+      streams[*id];
+    }
+    return *id;
   }
 
-  void signal_stream(std::uintptr_t stream)
+  stream_state& state(std::uintptr_t handle) { return streams[resolve(handle)]; }
+
+  /// Work on `handle` that uses the blocks freed after it: returns (stream id, position).
+  std::pair<std::uint64_t, std::uint64_t> launch(std::uintptr_t handle)
   {
-    for (auto& f : fences) {
-      if (f.recorded && f.stream == stream) { f.signalled = true; }
-    }
+    std::lock_guard<std::recursive_mutex> lock(m);
+    auto const id = resolve(handle);
+    auto& s       = streams[id];
+    if (!s.capturing) { ++s.enqueued; }  // captured work runs only when the graph is launched
+    return {id, s.enqueued};
+  }
+
+  [[nodiscard]] bool done(std::uint64_t id, std::uint64_t position) const
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    auto it = streams.find(id);
+    return it != streams.end() && it->second.completed >= position;
+  }
+
+  fence fence_at(std::size_t i) const
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    auto f      = fences.at(i);
+    f.signalled = f.recorded && done(f.stream_id, f.position);
+    return f;
+  }
+
+  void signal(std::size_t i)
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    auto const& f = fences.at(i);
+    if (!f.recorded) { return; }
+    auto& s     = streams[f.stream_id];
+    s.completed = std::max(s.completed, f.position);
+  }
+
+  void signal_stream(std::uintptr_t handle)
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    auto& s     = state(handle);
+    s.completed = s.enqueued;
   }
 
   void signal_all()
   {
-    for (auto& f : fences) {
-      if (f.recorded) { f.signalled = true; }
+    std::lock_guard<std::recursive_mutex> lock(m);
+    for (auto& [id, s] : streams) {
+      s.completed = s.enqueued;
     }
+  }
+
+  void begin_capture(std::uintptr_t handle)
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    state(handle).capturing = true;
+  }
+
+  void end_capture(std::uintptr_t handle)
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    state(handle).capturing = false;
+  }
+
+  [[nodiscard]] bool is_capturing(std::uintptr_t handle)
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    return state(handle).capturing;
+  }
+
+  [[nodiscard]] bool any_capturing() const
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    return std::any_of(
+      streams.begin(), streams.end(), [](auto const& kv) { return kv.second.capturing; });
+  }
+
+  /// The stream behind `handle` is destroyed and a new one gets the same handle.
+  void reuse_handle(std::uintptr_t handle)
+  {
+    std::lock_guard<std::recursive_mutex> lock(m);
+    auto& id = handle == per_thread_handle ? per_thread[host_thread] : handles[handle];
+    id       = next_id++;
+    streams[id];
+  }
+
+  /// Consumes one injected failure of `counter` (or the global capture); true: fail.
+  bool fails(int& counter, bool by_global_capture = true)
+  {
+    if ((by_global_capture && global_capture) || counter > 0) {
+      if (counter > 0) { --counter; }
+      ++failed_calls;
+      return true;
+    }
+    return false;
   }
 };
 
@@ -75,16 +218,27 @@ class host_platform {
 
   explicit host_platform(std::shared_ptr<fence_board> board) : board_{std::move(board)} {}
 
-  [[nodiscard]] bool ready(fence_type f) const { return board_->fences.at(f).signalled; }
-
-  void wait(fence_type f)
+  /// True only when `f` is known complete; a failed query (injected) is not.
+  [[nodiscard]] bool ready(fence_type f) const
   {
-    if (!board_->fences.at(f).signalled) { ++board_->forced_waits; }
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    if (board_->fails(board_->fail_query)) { return false; }
+    return board_->fence_at(f).signalled;
+  }
+
+  bool wait(fence_type f)
+  {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    if (board_->fails(board_->fail_wait)) { return false; }
+    if (!board_->fence_at(f).signalled) { ++board_->forced_waits; }
     board_->signal(f);
+    ++board_->waits_ok;
+    return true;
   }
 
   fence_type acquire_fence()
   {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
     board_->fences.push_back({});
     return board_->fences.size() - 1;
   }
@@ -93,29 +247,72 @@ class host_platform {
 
   bool record(fence_type f, stream_type stream) noexcept
   {
-    if (board_->fail_next_record) {
-      board_->fail_next_record = false;
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    // Records run in relaxed capture mode: another thread's global capture does not fail them.
+    if (board_->fails(board_->fail_record, /*by_global_capture=*/false)) { return false; }
+    auto const id = board_->resolve(stream);
+    auto& s       = board_->streams[id];
+    ++s.enqueued;
+    auto& fence     = board_->fences.at(f);
+    fence.stream    = stream;
+    fence.stream_id = id;
+    fence.position  = s.enqueued;
+    fence.recorded  = true;
+    return true;
+  }
+
+  bool is_capturing(stream_type stream) noexcept { return board_->is_capturing(stream); }
+
+  bool sync_device() noexcept
+  {
+    std::function<void()> after;
+    {
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      // A capture under way makes a device synchronization fail.
+      if (board_->any_capturing()) {
+        ++board_->failed_calls;
+        return false;
+      }
+      if (board_->fails(board_->fail_sync_device)) { return false; }
+      board_->signal_all();
+      ++board_->syncs_ok;
+      after.swap(board_->after_sync_device);
+    }
+    if (after) { after(); }
+    return true;
+  }
+
+  bool sync_stream(stream_type stream) noexcept
+  {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    if (board_->fails(board_->fail_sync_stream)) { return false; }
+    if (board_->is_capturing(stream)) {
+      ++board_->failed_calls;
       return false;
     }
-    board_->fences[f].stream   = stream;
-    board_->fences[f].recorded = true;
+    board_->signal_stream(stream);
+    ++board_->syncs_ok;
     return true;
   }
 
-  bool is_capturing(stream_type stream) noexcept { return board_->capturing.count(stream) > 0; }
-
-  void sync_device() noexcept { board_->signal_all(); }
-
-  bool try_sync_device() noexcept
+  /// The handle, except the per-thread default stream, qualified by the calling thread.
+  static std::uintptr_t key(stream_type stream) noexcept
   {
-    if (!board_->capturing.empty()) { return false; }
-    board_->signal_all();
-    return true;
+    if (stream == per_thread_handle) {
+      return (std::uintptr_t{1} << 62U) | static_cast<std::uintptr_t>(host_thread);
+    }
+    return stream;
   }
 
-  void sync_stream(stream_type stream) noexcept { board_->signal_stream(stream); }
+  std::uint64_t stream_id(stream_type stream) noexcept
+  {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->identity_queries;
+    if (board_->is_capturing(stream)) { ++board_->invalidated_captures; }
+    if (board_->fails(board_->fail_stream_id, /*by_global_capture=*/false)) { return 0; }
+    return board_->resolve(stream);
+  }
 
-  static std::uintptr_t key(stream_type stream) noexcept { return stream; }
   static stream_type default_stream() noexcept { return 0; }
 
  private:
@@ -125,8 +322,8 @@ class host_platform {
 /**
  * @brief Host memory with a byte limit that logs every block it gets back.
  *
- * Each release records whether the fence under which the block was freed had signalled
- * (`fence_of` is filled by the harness when the block is freed).
+ * Each release records whether the work that used the block had completed (`last_use` is
+ * filled by the harness when the block is freed: the stream identity and work position).
  */
 class host_upstream {
  public:
@@ -134,7 +331,7 @@ class host_upstream {
     std::uintptr_t ptr;
     std::size_t bytes;
     std::uintptr_t stream;
-    bool fence_signalled;
+    bool fence_signalled;  ///< the work before the free had completed
   };
 
   host_upstream(std::size_t limit, std::shared_ptr<fence_board> board)
@@ -144,6 +341,7 @@ class host_upstream {
 
   void* allocate(std::uintptr_t, std::size_t bytes, std::size_t alignment)
   {
+    std::lock_guard<std::mutex> lock(*mutex_);
     if (used_ + bytes > limit_) { throw host_out_of_memory{}; }
     auto const size = ((bytes == 0 ? 1 : bytes) + alignment - 1) / alignment * alignment;
     void* ptr       = std::aligned_alloc(alignment, size);
@@ -155,16 +353,34 @@ class host_upstream {
 
   void deallocate(std::uintptr_t stream, void* ptr, std::size_t bytes, std::size_t) noexcept
   {
-    auto const p  = reinterpret_cast<std::uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(*mutex_);
+    auto const p   = reinterpret_cast<std::uintptr_t>(ptr);
     bool signalled = true;
-    if (auto it = fence_of.find(p); it != fence_of.end()) {
-      signalled = board_->fences.at(it->second).signalled;
-      fence_of.erase(it);
+    if (auto it = last_use.find(p); it != last_use.end()) {
+      signalled = board_->done(it->second.first, it->second.second);
+      last_use.erase(it);
     }
+    auto live = live_.find(p);
+    if (ptr != nullptr && (live == live_.end() || live->second != bytes)) { ++bad_frees; }
     releases.push_back({p, bytes, stream, signalled});
-    live_.erase(p);
-    used_ -= bytes;
-    std::free(ptr);
+    if (live != live_.end()) {
+      used_ -= live->second;
+      live_.erase(live);
+      std::free(ptr);
+    }
+  }
+
+  /// Notes the work that used `ptr` before its free (kept if already noted: a double free).
+  bool note_last_use(std::uintptr_t p, std::pair<std::uint64_t, std::uint64_t> use)
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    return last_use.emplace(p, use).second;
+  }
+
+  void forget_last_use(std::uintptr_t p)
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    last_use.erase(p);
   }
 
   ~host_upstream()
@@ -174,18 +390,53 @@ class host_upstream {
     }
   }
 
-  host_upstream(host_upstream&& other) noexcept = default;
+  host_upstream(host_upstream&& other) noexcept
+    : last_use{std::move(other.last_use)},
+      releases{std::move(other.releases)},
+      bad_frees{other.bad_frees},
+      mutex_{std::move(other.mutex_)},
+      limit_{other.limit_},
+      used_{other.used_},
+      live_{std::move(other.live_)},
+      board_{std::move(other.board_)}
+  {
+    other.live_.clear();
+  }
 
-  [[nodiscard]] std::size_t used() const noexcept { return used_; }
+  [[nodiscard]] std::size_t used() const
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    return used_;
+  }
 
-  std::map<std::uintptr_t, std::size_t> fence_of;  ///< freed block -> fence it waits for
+  std::vector<release_record> releases_copy() const
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    return releases;
+  }
+
+  std::map<std::uintptr_t, std::pair<std::uint64_t, std::uint64_t>> last_use;
   std::vector<release_record> releases;
+  std::uint64_t bad_frees{};  ///< frees of blocks it did not hand out (or of another size)
 
  private:
+  std::unique_ptr<std::mutex> mutex_{std::make_unique<std::mutex>()};
   std::size_t limit_;
   std::size_t used_{};
   std::map<std::uintptr_t, std::size_t> live_;
   std::shared_ptr<fence_board> board_;
+};
+
+/// Outcome of `host_sync_on_free::run_threads`.
+struct thread_run_result {
+  std::uint64_t frees{};
+  std::uint64_t unsafe_releases{};  ///< blocks that reached the upstream before their work ended
+  std::uint64_t upstream_bad_frees{};
+  std::uint64_t lost{};  ///< bytes neither live, pending nor returned at the end
+  std::uint64_t syncs_counted{};
+  std::uint64_t syncs_succeeded{};
+  std::uint64_t invalidated_captures{};
+  std::uint64_t pending_after_flush{};
 };
 
 /**
@@ -208,18 +459,197 @@ class host_sync_on_free {
     return core_.allocate(stream, bytes, alignment);
   }
 
-  /// Frees `ptr`; returns the id of the fence it waits for, or -1 if it went upstream at once.
-  std::int64_t deallocate(std::uintptr_t stream, void* ptr, std::size_t bytes, std::size_t align)
+  /**
+   * @brief Launches work that uses `ptr` on `stream`, then frees it (checked).
+   *
+   * `fence_out`: the fence the block now waits for, or -1 (released, or parked).
+   */
+  rmm_fences::mr::free_result deallocate(std::uintptr_t stream,
+                                         void* ptr,
+                                         std::size_t bytes,
+                                         std::size_t align,
+                                         std::int64_t* fence_out,
+                                         bool checked = true)
   {
-    auto const next_fence = board_->fences.size();
-    auto const will_fence = core_.mode() == rmm_fences::mr::sync_mode::deferred &&
-                            board_->capturing.count(stream) == 0 && !board_->fail_next_record;
-    if (will_fence) { core_.upstream().fence_of[reinterpret_cast<std::uintptr_t>(ptr)] = next_fence; }
+    auto const p     = reinterpret_cast<std::uintptr_t>(ptr);
+    auto const noted = core_.upstream().note_last_use(p, board_->launch(stream));
+    std::size_t first_fence = 0;
+    {
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      first_fence = board_->fences.size();
+    }
+    rmm_fences::mr::free_result r{};
+    if (checked) {
+      r = core_.deallocate_checked(stream, ptr, bytes, align);
+    } else {
+      core_.deallocate(stream, ptr, bytes, align);
+      r.check = rmm_fences::mr::free_check::ok;
+    }
+    bool const rejected = r.check == rmm_fences::mr::free_check::unknown ||
+                          r.check == rmm_fences::mr::free_check::pending ||
+                          r.check == rmm_fences::mr::free_check::size_mismatch;
+    if (rejected && noted) { core_.upstream().forget_last_use(p); }
+    *fence_out = -1;
+    if (!rejected && is_pending(ptr)) {
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      auto const id = board_->resolve(stream);
+      // The block's own fence is the first recorded during the call (arming comes after).
+      for (auto i = first_fence; i < board_->fences.size(); ++i) {
+        auto const& f = board_->fences[i];
+        if (f.recorded && f.stream_id == id) {
+          *fence_out = static_cast<std::int64_t>(i);
+          break;
+        }
+      }
+    }
+    return r;
+  }
+
+  /// The noexcept `deallocate` (reports a bad free on stderr), without the harness's bookkeeping.
+  void deallocate_unchecked(std::uintptr_t stream, void* ptr, std::size_t bytes, std::size_t align)
+  {
     core_.deallocate(stream, ptr, bytes, align);
-    return will_fence ? static_cast<std::int64_t>(next_fence) : -1;
+  }
+
+  [[nodiscard]] bool is_pending(void* ptr) { return pending_set().count(ptr) > 0; }
+
+  std::set<void*> pending_set()
+  {
+    // Rebuilt from the upstream log: pending = freed (noted) and not released.
+    std::set<void*> out;
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    for (auto const& [p, use] : core_.upstream().last_use) {
+      out.insert(reinterpret_cast<void*>(p));
+    }
+    return out;
   }
 
   std::size_t flush() { return core_.drain(/*include_parked=*/true, 0); }
+
+  /// After the next successful device sync, another thread frees `ptr` on `stream` in capture
+  /// (work launched first): a block that sync does not cover.
+  void free_in_capture_after_next_device_sync(std::uintptr_t stream, void* ptr, std::size_t bytes)
+  {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    board_->after_sync_device = [this, stream, ptr, bytes] {
+      std::int64_t fence = -1;
+      core_.upstream().note_last_use(reinterpret_cast<std::uintptr_t>(ptr),
+                                     board_->launch(stream));
+      board_->begin_capture(stream);
+      (void)core_.deallocate_checked(stream, ptr, bytes, 256);
+      board_->end_capture(stream);
+      (void)fence;
+    };
+  }
+
+  /**
+   * @brief Real threads racing: `workers` threads allocate, launch work, free (on their own
+   * stream or their per-thread default stream), poll and flush; one thread signals streams,
+   * toggles a global capture elsewhere and injects query/wait failures.
+   */
+  thread_run_result run_threads(int workers, int iterations, std::uint64_t seed)
+  {
+    std::atomic<bool> stop{false};
+    std::atomic<std::uint64_t> frees{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < workers; ++t) {
+      threads.emplace_back([&, t] {
+        host_thread = 100 + t;
+        std::mt19937_64 rng(seed * 7919 + t);
+        std::uintptr_t const own = 1000 + t;
+        std::vector<std::tuple<void*, std::size_t, std::uintptr_t>> live;
+        for (int i = 0; i < iterations; ++i) {
+          auto const r = rng() % 100;
+          if (r < 45 || live.empty()) {
+            std::size_t const bytes = 64 + rng() % 4096;
+            std::uintptr_t const s  = (rng() % 2) ? own : per_thread_handle;
+            try {
+              live.emplace_back(core_.allocate(s, bytes, 256), bytes, s);
+            } catch (host_out_of_memory const&) {
+            }
+          } else if (r < 90) {
+            auto const k = rng() % live.size();
+            auto [ptr, bytes, s] = live[k];
+            live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+            std::int64_t fence = -1;
+            bool const capture = rng() % 8 == 0;
+            if (capture) { board_->begin_capture(s); }
+            (void)deallocate(s, ptr, bytes, 256, &fence);
+            if (capture) { board_->end_capture(s); }
+            frees.fetch_add(1);
+          } else if (r < 97) {
+            try {
+              void* p = core_.allocate(own, 0, 256);  // polls
+              core_.deallocate(own, p, 0, 256);
+            } catch (host_out_of_memory const&) {
+            }
+          } else {
+            (void)flush();
+          }
+        }
+        for (auto [ptr, bytes, s] : live) {
+          std::int64_t fence = -1;
+          (void)deallocate(s, ptr, bytes, 256, &fence);
+          frees.fetch_add(1);
+        }
+      });
+    }
+    std::thread chaos([&] {
+      std::mt19937_64 rng(seed);
+      while (!stop.load()) {
+        auto const r = rng() % 100;
+        std::lock_guard<std::recursive_mutex> lock(board_->m);
+        if (board_->streams.empty()) { continue; }
+        if (r < 40) {
+          auto it = board_->streams.begin();
+          std::advance(it, static_cast<std::ptrdiff_t>(rng() % board_->streams.size()));
+          it->second.completed = it->second.enqueued;
+        } else if (r < 55) {
+          board_->global_capture = !board_->global_capture;
+        } else if (r < 65) {
+          board_->fail_query = 1 + static_cast<int>(rng() % 3);
+        } else if (r < 75) {
+          board_->fail_wait = 1;
+        } else if (r < 80) {
+          board_->fail_sync_device = 1;
+        } else if (r < 85) {
+          board_->fail_sync_stream = 1;
+        } else if (r < 90) {
+          board_->fail_record = 1;
+        }
+      }
+      std::this_thread::yield();
+    });
+    for (auto& th : threads) {
+      th.join();
+    }
+    stop.store(true);
+    chaos.join();
+    {
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      board_->global_capture = false;
+      board_->fail_query = board_->fail_wait = board_->fail_sync_device = 0;
+      board_->fail_sync_stream = board_->fail_record = board_->fail_stream_id = 0;
+      for (auto& [id, s] : board_->streams) {
+        s.capturing = false;
+      }
+    }
+    thread_run_result out;
+    out.frees = frees.load();
+    (void)flush();
+    out.pending_after_flush = core_.pending_count();
+    auto const releases     = core_.upstream().releases_copy();
+    for (auto const& r : releases) {
+      out.unsafe_releases += !r.fence_signalled;
+    }
+    out.upstream_bad_frees   = core_.upstream().bad_frees;
+    out.lost                 = core_.upstream().used() - core_.pending_bytes();
+    auto const s             = core_.stats();
+    out.syncs_counted        = s.syncs;
+    out.syncs_succeeded      = board_->waits_ok + board_->syncs_ok;
+    out.invalidated_captures = board_->invalidated_captures;
+    return out;
+  }
 
   core_type& core() noexcept { return core_; }
   fence_board& board() noexcept { return *board_; }
