@@ -559,8 +559,11 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
     free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes),
     never one per free, and never while it is being captured. The pool grows by doubling,
-    trying smaller chunks when the upstream is short; right before raising
-    :class:`MemoryError` it synchronizes the device once and reclaims every stream's frees.
+    trying smaller chunks when the upstream is short, allocating each chunk on the requesting
+    stream (on a pool-owned stream while the requesting stream is captured); right before
+    raising :class:`MemoryError` it synchronizes the device once and reclaims what that sync
+    covers. A double free, a foreign pointer or a wrong size raises :class:`ValueError` and
+    leaves the pool unchanged.
     Streams that freed memory should be retired with :meth:`retire_stream` before they are
     destroyed. The pool belongs to the device current at construction.
     """
