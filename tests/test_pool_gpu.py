@@ -282,16 +282,20 @@ def test_stream_forked_into_a_capture_does_not_get_its_parents_block(cupy, scena
     nbytes, count = 4 << 20, (4 << 20) // 4
     errors = cupy.zeros(1, dtype=cupy.uint64)
     spin = np.int64(scenarios.spin_cycles(20))
+    fork = cupy.cuda.Event(disable_timing=True)  # created outside the capture
+    join = cupy.cuda.Event(disable_timing=True)
     parent.begin_capture()
     a = pool.allocate(nbytes, rs(parent))
     scenarios.fill(a, count, seed=21, stream=parent)
-    branch.wait_event(parent.record())  # fork
+    fork.record(parent)
+    branch.wait_event(fork)  # the branch joins the capture
     slow_check((scenarios.grid_for(count),), (256,),
                (a, np.uint64(count), spin, np.uint32(21), errors), stream=parent)
     pool.deallocate(a, nbytes, rs(parent))
     b = pool.allocate(nbytes, rs(branch))  # a parallel branch
     scenarios.fill(b, count, seed=22, stream=branch)
-    parent.wait_event(branch.record())  # join
+    join.record(branch)
+    parent.wait_event(join)  # and rejoins the parent before the capture ends
     pool.deallocate(b, nbytes, rs(parent))
     graph = parent.end_capture()
     assert b != a, "the forked branch got the block its parent freed in the capture"
