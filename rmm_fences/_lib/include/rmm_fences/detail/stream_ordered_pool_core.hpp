@@ -113,8 +113,9 @@ struct free_result {
  *  - Every stream identity S has a slot. A block freed on S goes to S's *cache*, a free list
  *    that only S allocates from: stream order makes that reuse safe at once, with no CUDA call.
  *  - Fences are batched: S records one event (its slot's fence, re-recorded each time) when
- *    its cache holds `fence_batch` blocks or `pool_size / fence_fraction` bytes (so a stream
- *    that keeps reusing its own blocks never records one), when another
+ *    its cache holds `fence_batch` blocks or `pool_size / fence_fraction` bytes (the last
+ *    exact-size frees count only once another stream ran short while S held free blocks: a
+ *    stream that keeps reusing its own blocks, however big, never records one), when another
  *    stream asked for S's blocks, or when S is retired. Recording happens on a call that uses
  *    S, so S is alive. All of S's cached blocks then move to the shared list, tagged with
  *    (S, fence number).
@@ -140,8 +141,9 @@ struct free_result {
  *    is refused and counted, and changes nothing.
  *  - Locks: each slot has its own mutex (the common path takes only the calling stream's);
  *    the shared list has one; growth from the upstream holds only `growth_mutex_`, never a
- *    lock another stream needs for its own blocks. Lock order: slot -> fence; shared -> chunks;
- *    no thread holds a slot's mutex and the shared list's at once.
+ *    lock another stream needs for its own blocks. Lock order: reclaim -> slots -> slot ->
+ *    fence; shared -> chunks; slot -> chunks; no thread holds a slot's mutex and the shared
+ *    list's at once.
  *  - During capture of the calling stream: no fence is recorded and no stream wait enqueued;
  *    allocation uses the stream's cache, untagged shared blocks, or upstream growth.
  */
@@ -839,15 +841,13 @@ class stream_ordered_pool_core {
       }
       cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed);
     }
-    {
+    try {
       std::lock_guard<spin_mutex> lock(slot.mutex);
-      try {
-        track(slot, b.ptr, bytes);
-      } catch (...) {
-        std::lock_guard<std::mutex> shared_lock(shared_mutex_);
-        shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
-        throw;
-      }
+      track(slot, b.ptr, bytes);
+    } catch (...) {
+      std::lock_guard<std::mutex> shared_lock(shared_mutex_);
+      shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
+      throw;
     }
     return account(b.ptr, b.size);
   }
@@ -1034,6 +1034,9 @@ class stream_ordered_pool_core {
    */
   bool reclaim()
   {
+    // One reclaim at a time: a second one would find everything detached by the first and
+    // raise out-of-memory while the first still holds the blocks. It waits, then syncs again.
+    std::lock_guard<std::mutex> reclaim_lock(reclaim_mutex_);
     struct detached_cache {
       std::shared_ptr<slot_type> slot;
       std::vector<std::pair<char*, std::size_t>> blocks;
@@ -1126,6 +1129,7 @@ class stream_ordered_pool_core {
   free_list<fence_tag> shared_;
 
   std::mutex growth_mutex_;
+  std::mutex reclaim_mutex_;  // taken before any other lock, held through the device sync
   mutable std::shared_mutex chunks_mutex_;
   std::map<char*, std::size_t> chunks_;
 
