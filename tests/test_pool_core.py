@@ -338,6 +338,8 @@ def test_real_threads_keep_the_oracle():
         assert p.violations == []
     stats = p.stats
     assert stats["current_bytes"] == 0
+    # per-stream balances are settled every 4 MiB: the peak may be off by that per stream
+    assert stats["peak_bytes"] <= (4 << 20) + 9 * (4 << 20)
     assert stats["reclaim_syncs"] > 0 and stats["cross_stream_reuse"] > 0
     free = sum(n for _, n, _ in p.free_blocks)
     assert free == stats["pool_bytes"], "bytes lost or doubled"

@@ -380,6 +380,7 @@ class stream_ordered_pool_core {
       retired_.push_back(slot);
     }
     std::unique_lock<spin_mutex> lock(slot->mutex);
+    settle(*slot);  // a retired slot's balance would otherwise skew the totals (and the peak)
     fence_and_share(*slot, stream, lock);
     retired_count_.fetch_add(1, std::memory_order_relaxed);
   }
