@@ -341,3 +341,28 @@ def test_same_stream_reuse_of_a_64_mib_block_never_fences(cupy, scenarios):
     assert int(errors.get()[0]) == 0
     assert stats["fences"] == 0, f"{stats['fences']} fences"
     assert stats["same_stream_reuse"] >= 99
+
+
+def test_growth_during_capture_of_a_blocking_stream(cupy, scenarios):
+    """An empty pool over CudaAsync grows while a blocking stream is captured: the chunk comes
+    on the pool's own non-blocking stream (synchronized), never on the legacy stream (whose
+    work would invalidate the capture of a blocking stream) nor on the captured stream (an
+    allocation node in the graph)."""
+    pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaAsyncMemoryResource())
+    s = cupy.cuda.Stream()  # blocking
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    nbytes, count = 1 << 20, (1 << 20) // 4
+    s.synchronize()
+    s.begin_capture()
+    a = pool.allocate(nbytes, rs(s))  # grows
+    scenarios.fill(a, count, seed=3, stream=s)
+    scenarios.check(a, count, seed=3, errors=errors, stream=s)
+    graph = s.end_capture()
+    assert pool.stats["upstream_growths"] == 1
+    for _ in range(3):
+        graph.launch(stream=s)
+    s.synchronize()
+    assert int(errors.get()[0]) == 0
+    pool.deallocate(a, nbytes, rs(s))
+    pool.release()  # back upstream on the pool's own stream
+    assert pool.pool_size() == 0
