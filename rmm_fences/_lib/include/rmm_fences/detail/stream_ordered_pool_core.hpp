@@ -169,6 +169,7 @@ class stream_ordered_pool_core {
   /// Requests above this raise out-of-memory at once (no upstream holds half the address
   /// space; and rounding to the granule cannot overflow below it).
   static constexpr std::size_t max_request = SIZE_MAX / 2;
+  static_assert(max_request <= max_granule_size);
 
   template <typename... PlatformArgs>
   stream_ordered_pool_core(Upstream upstream,
