@@ -9,7 +9,7 @@ call, so the model can check each reuse against the fences that ordered it.
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from rmm_fences._lib._testing import HostStreamOrderedPool
 
@@ -22,6 +22,10 @@ def rounded(n):
 
 
 class PoolModel(RuleBasedStateMachine):
+    """Random calls, faults and captures against the C++ oracle (no block reaches another
+    stream without a wait on a later fence of its freeing stream or a sync after the free; no
+    two live blocks overlap) and the pool's own counts (live + free == pool)."""
+
     @initialize(
         initial=st.sampled_from([0, 1 << 16, 1 << 20]),
         maximum=st.none() | st.sampled_from([1 << 20, 3 << 20]),
@@ -30,12 +34,13 @@ class PoolModel(RuleBasedStateMachine):
         if maximum is not None:
             initial = min(initial, maximum)
         self.p = HostStreamOrderedPool(initial, maximum)
-        self.live = {}  # allocation number -> (ptr, rounded size, stream)
+        self.live = {}  # allocation number -> (ptr, requested bytes, rounded size, stream)
         self.allocations = 0
         self.freed = []  # [start, end, stream, clock of the free]
-        self.capturing = set()
+        self.capturing = {}  # stream -> capture id
+        self.dead = []  # (ptr, bytes) freed and not handed out again since
 
-    # --- ordering check ----------------------------------------------------------------
+    # --- ordering check (the Python twin of the C++ oracle, user frees only) -------------
     def ordered_after(self, waiter, stream, clock):
         """True when `waiter` is ordered after `stream`'s work up to `clock`."""
         if any(s >= clock for s in self.p.syncs):
@@ -71,18 +76,42 @@ class PoolModel(RuleBasedStateMachine):
             return
         size = rounded(nbytes)
         assert ptr % alignment == 0, "alignment not honoured"
-        for other, osize, _ in self.live.values():
+        for other, _, osize, _ in self.live.values():
             assert ptr + size <= other or other + osize <= ptr, "live blocks overlap"
         self.claim(ptr, size, stream)
-        self.live[self.allocations] = (ptr, size, stream)
+        self.live[self.allocations] = (ptr, nbytes, size, stream)
         self.allocations += 1
 
-    @precondition(lambda self: self.live)
-    @rule(data=st.data(), stream=STREAMS)
-    def free(self, data, stream):
-        ptr, size, _ = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
-        self.p.deallocate(ptr, size, stream)
+    # Draws never depend on addresses or on whether an allocation ran out of memory (host
+    # addresses differ between runs): an index drawn first picks among what exists.
+    @rule(pick=st.integers(0, 1 << 16), stream=STREAMS)
+    def free(self, pick, stream):
+        if not self.live:
+            return
+        ptr, nbytes, size, _ = self.live.pop(sorted(self.live)[pick % len(self.live)])
+        self.p.deallocate(ptr, nbytes, stream)
         self.freed.append([ptr, ptr + size, stream, self.p.clock])
+        self.dead.append((ptr, nbytes))
+
+    @rule(pick=st.integers(0, 1 << 16), stream=STREAMS)
+    def double_free(self, pick, stream):
+        if not self.dead:
+            return
+        ptr, nbytes = self.dead[pick % len(self.dead)]
+        if any(p <= ptr < p + n for p, _, n, _ in self.live.values()):
+            return  # handed out again since: not a double free now
+        before = (sorted(self.p.free_blocks), self.p.stats["current_bytes"])
+        with pytest.raises(ValueError, match="double free or foreign pointer"):
+            self.p.deallocate(ptr, nbytes, stream)
+        assert (sorted(self.p.free_blocks), self.p.stats["current_bytes"]) == before
+
+    @rule(pick=st.integers(0, 1 << 16), stream=STREAMS)
+    def free_with_wrong_size(self, pick, stream):
+        if not self.live:
+            return
+        ptr, nbytes, _, _ = self.live[sorted(self.live)[pick % len(self.live)]]
+        with pytest.raises(ValueError, match=f"size mismatch: allocated {nbytes} bytes"):
+            self.p.deallocate(ptr, nbytes + 1, stream)
 
     @rule(stream=STREAMS)
     def retire(self, stream):
@@ -90,13 +119,24 @@ class PoolModel(RuleBasedStateMachine):
 
     @rule(stream=STREAMS)
     def begin_capture(self, stream):
-        self.p.begin_capture(stream)
-        self.capturing.add(stream)
+        if stream not in self.capturing:
+            self.capturing[stream] = self.p.begin_capture(stream)
+
+    @rule(pick=st.integers(0, 1 << 16), stream=STREAMS)
+    def fork_into_capture(self, pick, stream):
+        """`stream` joins a capture in progress (an event of a captured stream waited on)."""
+        if self.capturing and stream not in self.capturing:
+            cid = self.capturing[sorted(self.capturing)[pick % len(self.capturing)]]
+            self.capturing[stream] = self.p.begin_capture(stream, capture_id=cid)
 
     @rule(stream=STREAMS)
     def end_capture(self, stream):
         self.p.end_capture(stream)
-        self.capturing.discard(stream)
+        self.capturing.pop(stream, None)
+
+    @rule(kind=st.sampled_from(["record", "stream_wait", "sync_device", "sync_stream"]))
+    def fail_next_call(self, kind):
+        self.p.fail_next(kind)
 
     @rule()
     def release(self):
@@ -104,11 +144,17 @@ class PoolModel(RuleBasedStateMachine):
 
     # --- invariants ----------------------------------------------------------------------
     @invariant()
+    def oracle(self):
+        if not hasattr(self, "p"):
+            return
+        assert self.p.violations == []
+
+    @invariant()
     def accounting(self):
         if not hasattr(self, "p"):
             return
         stats = self.p.stats
-        assert stats["current_bytes"] == sum(s for _, s, _ in self.live.values())
+        assert stats["current_bytes"] == sum(s for _, _, s, _ in self.live.values())
         assert stats["pool_bytes"] == sum(n for _, n in self.p.chunks) == self.p.pool_size()
         free = sum(n for _, n, _ in self.p.free_blocks)
         assert free + stats["current_bytes"] == stats["pool_bytes"], "bytes lost or doubled"
@@ -130,17 +176,20 @@ class PoolModel(RuleBasedStateMachine):
             return
         for s in list(self.capturing):
             self.end_capture(s)
-        for ptr, size, stream in self.live.values():
-            self.p.deallocate(ptr, size, stream)
+        for kind in ("record", "stream_wait", "sync_device", "sync_stream"):
+            self.p.fail_next(kind, 0)
+        for ptr, nbytes, _, stream in self.live.values():
+            self.p.deallocate(ptr, nbytes, stream)
         self.live.clear()
         # with everything free, coalescing leaves one block per chunk: release returns them all
         self.p.release()
         assert self.p.pool_size() == 0 and self.p.chunks == [] and self.p.free_blocks == []
+        assert self.p.violations == []
 
 
 TestPoolModel = PoolModel.TestCase
 TestPoolModel.settings = settings(
-    max_examples=1000, stateful_step_count=40, deadline=None,
+    max_examples=600, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -156,12 +205,15 @@ def test_same_stream_reuse_needs_no_fence():
 def test_other_stream_takes_a_block_only_after_waiting_on_its_fence():
     p = HostStreamOrderedPool(1 << 20, maximum_pool_size=1 << 20)
     a = p.allocate(1 << 20, stream=1)  # the whole pool
-    p.deallocate(a, 1 << 20, stream=1)  # big free: fenced at once and shared
+    with pytest.raises(MemoryError):
+        p.allocate(1 << 20, stream=2)  # stream 2 asks: stream 1 fences at its next call
+    syncs = len(p.syncs)
+    p.deallocate(a, 1 << 20, stream=1)  # asked for: fenced at once and shared
     assert p.records == 1
     b = p.allocate(1 << 20, stream=2)
     assert b == a
     assert p.waits == [(2, 1, p.clock - 1)]  # stream 2 waited on the fence of stream 1
-    assert p.stats["cross_stream_reuse"] == 1 and p.syncs == []
+    assert p.stats["cross_stream_reuse"] == 1 and len(p.syncs) == syncs
 
 
 def test_fences_are_batched():
@@ -216,3 +268,239 @@ def test_alignment_above_the_granule():
     for alignment in (512, 4096, 65536):
         ptr = p.allocate(1000, stream=1, alignment=alignment)
         assert ptr % alignment == 0
+
+
+# --- out-of-memory reclaim and release: only what the sync covers loses its fence ----------
+
+HOST_PRIVATE_STREAM = 0xFFFF_FF00  # the host platform's pool-owned stream
+
+
+def no_violation_on(p, stream):
+    return [v for v in p.violations if f"freed on stream {stream} " in v]
+
+
+def test_reclaim_keeps_the_fence_of_a_block_freed_during_its_sync():
+    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=1 << 20)
+    h = p.allocate(256 << 10, stream=3)
+    a = p.allocate(4096, stream=1)
+    p.deallocate(a, 4096, stream=1)  # cached on stream 1, unfenced
+    # While the device syncs for stream 2's out-of-memory, "another thread" frees h on stream
+    # 3 (its kernels may still run: the sync does not cover them) and fences it.
+    p.free_inside_next_sync(h, 256 << 10, stream=3)
+    b = p.allocate(768 << 10, stream=2)  # only possible with h's bytes
+    assert b <= h < b + (768 << 10)
+    assert any(w == 2 and s == 3 and c >= p.hook_free_clock for w, s, c in p.waits), (
+        "stream 2 got bytes freed on stream 3 after the sync without waiting on its fence"
+    )
+    assert no_violation_on(p, 3) == []
+
+
+def test_release_keeps_a_chunk_whose_block_was_freed_during_its_sync():
+    p = HostStreamOrderedPool(1 << 20)  # chunk 1: 1 MiB
+    (first, _), = p.chunks
+    h = p.allocate(256 << 10, stream=3)
+    x = p.allocate(1 << 20, stream=2)  # a miss: stream 3 is asked to fence; chunk 2 grows
+    p.deallocate(x, 1 << 20, stream=2)
+    p.free_inside_next_sync(h, 256 << 10, stream=3)
+    returned = p.release()
+    assert returned == 1 << 20  # chunk 2 only
+    assert first in [c for c, _ in p.chunks], "chunk 1 went upstream while h was in use"
+    assert not [c for c in p.upstream_calls if c[0] == "deallocate" and c[1] == first]
+    assert no_violation_on(p, 3) == []
+
+
+def test_failed_sync_puts_caches_and_fences_back():
+    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=1 << 20)
+    a = p.allocate(4096, stream=1)
+    p.deallocate(a, 4096, stream=1)  # in stream 1's cache
+    big = p.allocate(512 << 10, stream=3)
+    p.deallocate(big, 512 << 10, stream=3)
+    p.retire_stream(3)  # fenced, shared with a tag
+    before = sorted(p.free_blocks)
+    assert any(owner == 1 for _, _, owner in before)
+    p.fail_next("sync_device")
+    with pytest.raises(MemoryError):
+        p.allocate(1 << 20, stream=2)  # needs stream 1's block: the sync fails
+    assert sorted(p.free_blocks) == before, "a failed sync changed the lists"
+    assert p.stats["reclaim_syncs"] == 0
+    c = p.allocate(512 << 10, stream=2)  # stream 3's block: still needs its fence
+    assert any(w == 2 and s == 3 for w, s, _ in p.waits)
+    assert p.violations == []
+    p.deallocate(c, 512 << 10, stream=2)
+
+
+def test_real_threads_keep_the_oracle():
+    """Eight C++ threads (no GIL) on their own streams: allocations, frees on their own and a
+    neighbour's stream, retire, release, out-of-memory reclaims and injected faults."""
+    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=4 << 20)
+    for seed in range(3):
+        p.run_threads(8, 3000, seed)
+        assert p.violations == []
+    stats = p.stats
+    assert stats["current_bytes"] == 0
+    # per-stream balances are settled every 4 MiB: the peak may be off by that per stream
+    assert stats["peak_bytes"] <= (4 << 20) + 9 * (4 << 20)
+    assert stats["reclaim_syncs"] > 0 and stats["cross_stream_reuse"] > 0
+    free = sum(n for _, n, _ in p.free_blocks)
+    assert free == stats["pool_bytes"], "bytes lost or doubled"
+
+
+def test_oracle_catches_two_streams_with_one_identity():
+    """The oracle is able to fail: two streams that report one identity share a cache."""
+    p = HostStreamOrderedPool(1 << 20)
+    p.alias_stream(1, 7)
+    p.alias_stream(2, 7)
+    a = p.allocate(4096, stream=1)
+    p.deallocate(a, 4096, stream=1)
+    assert p.allocate(4096, stream=2) == a
+    assert any("freed on stream 1" in v for v in p.violations)
+
+
+# --- growth: on the requesting stream, the rest fenced ------------------------------------
+
+
+def test_growth_allocates_on_the_requesting_stream_and_fences_the_rest():
+    p = HostStreamOrderedPool()
+    a = p.allocate(4096, stream=1)  # grows
+    (kind, chunk, size, on, clock), = p.upstream_calls
+    assert kind == "allocate" and on == 1, f"chunk allocated on stream {on}, not 1"
+    b = p.allocate(4096, stream=2)  # from the same chunk
+    assert chunk <= b < chunk + size and b != a
+    assert any(w == 2 and s == 1 and c >= clock for w, s, c in p.waits), (
+        "stream 2 got part of a chunk grown on stream 1 without waiting on a fence of stream 1"
+    )
+    assert p.violations == []
+
+
+def test_growth_during_capture_uses_the_pools_own_stream():
+    p = HostStreamOrderedPool()
+    p.begin_capture(1)
+    a = p.allocate(4096, stream=1)
+    (kind, _, _, on, clock), = p.upstream_calls
+    assert on == HOST_PRIVATE_STREAM, f"growth in capture on stream {on}"
+    assert any(s == HOST_PRIVATE_STREAM and c >= clock for s, c in p.stream_syncs)
+    p.end_capture(1)
+    p.allocate(4096, stream=2)  # the rest: untagged after the sync, no wait
+    assert p.violations == []
+    p.deallocate(a, 4096, stream=1)
+
+
+def test_initial_chunk_and_release_use_the_pools_own_stream():
+    p = HostStreamOrderedPool(1 << 20)
+    (_, chunk, _, on, _), = p.upstream_calls
+    assert on == HOST_PRIVATE_STREAM and p.stream_syncs
+    a = p.allocate(4096, stream=2)
+    p.deallocate(a, 4096, stream=2)
+    assert p.release() == 1 << 20
+    assert p.upstream_calls[-1][0] == "deallocate" and p.upstream_calls[-1][3] == HOST_PRIVATE_STREAM
+    assert p.violations == []
+
+
+# --- capture identity: forked streams of one capture do not share a cache -----------------
+
+
+def test_streams_forked_into_one_capture_do_not_share_a_cache():
+    p = HostStreamOrderedPool(1 << 20)
+    cid = p.begin_capture(1)
+    p.begin_capture(2, capture_id=cid)  # forked into the same capture
+    a = p.allocate(4096, stream=1)
+    p.deallocate(a, 4096, stream=1)
+    b = p.allocate(4096, stream=2)  # a parallel branch: must not get a
+    assert b != a, "a forked branch got the block its sibling freed in the capture"
+    assert p.violations == []
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nbytes", [2**64 - 1, 2**64 - 256, 2**63])
+def test_huge_sizes_raise_memory_error(nbytes):
+    p = HostStreamOrderedPool(1 << 20)
+    with pytest.raises(MemoryError):
+        p.allocate(nbytes, stream=1)
+    assert p.stats["current_bytes"] == 0 and p.violations == []
+
+
+@pytest.mark.parametrize("alignment", [0, 3, 768, 2**31, 2**63])
+def test_bad_alignment_raises_value_error(alignment):
+    p = HostStreamOrderedPool(1 << 20)
+    with pytest.raises(ValueError, match="alignment must be a power of two"):
+        p.allocate(1000, stream=1, alignment=alignment)
+
+
+def test_double_free_is_refused_and_changes_nothing():
+    p = HostStreamOrderedPool(1 << 20)
+    a = p.allocate(1000, stream=1)
+    p.deallocate(a, 1000, stream=1)
+    before = sorted(p.free_blocks)
+    with pytest.raises(ValueError, match="double free or foreign pointer"):
+        p.deallocate(a, 1000, stream=1)
+    assert sorted(p.free_blocks) == before
+    b = p.allocate(1000, stream=1)
+    c = p.allocate(1000, stream=1)
+    assert b != c, "two live allocations share a block"
+    assert p.stats["rejected_frees"] == 1 and p.stats["current_bytes"] == 2 * 1024
+    assert p.violations == []
+
+
+def test_unchecked_double_free_is_counted_and_changes_nothing():
+    p = HostStreamOrderedPool(1 << 20)
+    a = p.allocate(1000, stream=1)
+    p.deallocate_unchecked(a, 1000, stream=1)
+    before = sorted(p.free_blocks)
+    p.deallocate_unchecked(a, 1000, stream=2)  # the noexcept path (rmm's resource_ref)
+    assert sorted(p.free_blocks) == before and p.stats["rejected_frees"] == 1
+    assert p.allocate(1000, stream=1) != p.allocate(1000, stream=1)
+
+
+def test_wrong_size_and_foreign_pointer_are_refused():
+    p = HostStreamOrderedPool(1 << 20)
+    a = p.allocate(1000, stream=1)
+    with pytest.raises(ValueError, match="size mismatch: allocated 1000 bytes, freed with 2000"):
+        p.deallocate(a, 2000, stream=1)
+    with pytest.raises(ValueError, match="size mismatch: allocated 1000 bytes, freed with 1001"):
+        p.deallocate(a, 1001, stream=2)  # found in stream 1's blocks
+    with pytest.raises(ValueError, match="double free or foreign pointer"):
+        p.deallocate(a + 256, 256, stream=1)  # inside a live block
+    with pytest.raises(ValueError, match="double free or foreign pointer"):
+        p.deallocate(0x1000, 256, stream=1)
+    assert p.stats["rejected_frees"] == 4 and p.stats["current_bytes"] == 1024
+    p.deallocate(a, 1000, stream=2)  # the right free, on another stream, still works
+    assert p.stats["current_bytes"] == 0
+
+
+def test_stream_of_another_device_is_refused():
+    p = HostStreamOrderedPool(1 << 20)
+    p.mark_foreign_stream(9)
+    with pytest.raises(ValueError, match="another device"):
+        p.allocate(1000, stream=9)
+    a = p.allocate(1000, stream=1)
+    with pytest.raises(ValueError, match="another device"):
+        p.deallocate(a, 1000, stream=9)
+    p.deallocate(a, 1000, stream=1)
+
+
+# --- same-stream reuse of a big block never fences -----------------------------------------
+
+
+def test_same_stream_reuse_of_a_64_mib_block_never_fences():
+    p = HostStreamOrderedPool(64 << 20, maximum_pool_size=64 << 20)
+    for _ in range(100):
+        p.deallocate(p.allocate(64 << 20, stream=1), 64 << 20, stream=1)
+    stats = p.stats
+    assert stats["fences"] == 0 and p.records == 0, f"{stats['fences']} fences"
+    assert stats["same_stream_reuse"] >= 99
+
+
+def test_big_frees_are_fenced_once_another_stream_wanted_the_streams_blocks():
+    """The ping-pong of the seed's race: after one reclaim, s1's big frees are fenced for s2."""
+    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=1 << 20)
+    for _ in range(20):
+        a = p.allocate(1 << 20, stream=1)
+        p.deallocate(a, 1 << 20, stream=1)
+        b = p.allocate(1 << 20, stream=2)
+        assert b == a
+        p.deallocate(b, 1 << 20, stream=2)
+    assert len(p.syncs) <= 2, "a device sync per round"
+    assert p.stats["cross_stream_reuse"] >= 36
+    assert p.violations == []

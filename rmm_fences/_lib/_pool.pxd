@@ -17,6 +17,7 @@ cdef extern from "rmm_fences/detail/stream_ordered_pool_core.hpp" namespace "rmm
         uint64_t stream_waits
         uint64_t reclaim_syncs
         uint64_t retired_streams
+        uint64_t rejected_frees
 
 
 cdef inline dict pool_stats_dict(stream_ordered_pool_stats s):
@@ -31,4 +32,5 @@ cdef inline dict pool_stats_dict(stream_ordered_pool_stats s):
         "stream_waits": s.stream_waits,
         "reclaim_syncs": s.reclaim_syncs,
         "retired_streams": s.retired_streams,
+        "rejected_frees": s.rejected_frees,
     }

@@ -13,6 +13,7 @@ from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
 from libcpp.optional cimport optional
 from libcpp.set cimport set as cpp_set
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 
@@ -303,9 +304,7 @@ cdef extern from "rmm_fences/testing/host_pool.hpp" namespace "rmm_fences::testi
         pass
 
     cdef cppclass pool_log:
-        uint64_t clock
-        vector[uint64_t] syncs
-        cpp_set[uint64_t] capturing
+        uint64_t now()
         uint64_t records
 
     cdef cppclass pool_core_type "rmm_fences::detail::stream_ordered_pool_core<rmm_fences::testing::host_pool_platform, rmm_fences::testing::host_chunk_upstream>":
@@ -314,10 +313,20 @@ cdef extern from "rmm_fences/testing/host_pool.hpp" namespace "rmm_fences::testi
 
     cdef cppclass host_pool:
         host_pool(size_t, optional[size_t], size_t) except +
-        void* allocate(uint64_t, size_t, size_t) except +MemoryError
-        void deallocate(uint64_t, void*, size_t) except +
+        void* allocate(uint64_t, size_t, size_t) except +
+        int deallocate(uint64_t, void*, size_t, size_t*) except +
+        void deallocate_unchecked(uint64_t, void*, size_t) except +
         void retire(uint64_t) except +
         size_t release() except +
+        void begin_capture(uint64_t, uint64_t) except +
+        void end_capture(uint64_t) except +
+        void alias(uint64_t, uint64_t) except +
+        void mark_foreign(uint64_t) except +
+        void fail_next(int, int) except +
+        void free_inside_next_sync(uint64_t, void*, size_t) except +
+        uint64_t hook_free_clock()
+        size_t run_threads(int, int, uint64_t) nogil except +
+        vector[string] violations() except +
         pool_core_type& core()
         pool_log& log()
 
@@ -327,10 +336,61 @@ cdef extern from *:
     #include <rmm_fences/testing/host_pool.hpp>
     static PyObject* rmm_fences_pool_waits(rmm_fences::testing::host_pool& p)
     {
-      auto const& w = p.log().waits;
+      std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> w;
+      {
+        std::lock_guard<std::mutex> lock(p.log().mutex);
+        w = p.log().waits;
+      }
       PyObject* out = PyList_New(0);
       for (auto const& [waiter, stream, clock] : w) {
         PyObject* t = Py_BuildValue("(KKK)", (unsigned long long)waiter,
+                                    (unsigned long long)stream, (unsigned long long)clock);
+        PyList_Append(out, t);
+        Py_DECREF(t);
+      }
+      return out;
+    }
+    static PyObject* rmm_fences_pool_syncs(rmm_fences::testing::host_pool& p)
+    {
+      std::vector<std::uint64_t> s;
+      {
+        std::lock_guard<std::mutex> lock(p.log().mutex);
+        s = p.log().syncs;
+      }
+      PyObject* out = PyList_New(0);
+      for (auto c : s) {
+        PyObject* t = PyLong_FromUnsignedLongLong(c);
+        PyList_Append(out, t);
+        Py_DECREF(t);
+      }
+      return out;
+    }
+    static PyObject* rmm_fences_pool_stream_syncs(rmm_fences::testing::host_pool& p)
+    {
+      std::vector<std::pair<std::uint64_t, std::uint64_t>> s;
+      {
+        std::lock_guard<std::mutex> lock(p.log().mutex);
+        s = p.log().stream_syncs;
+      }
+      PyObject* out = PyList_New(0);
+      for (auto const& [stream, clock] : s) {
+        PyObject* t = Py_BuildValue("(KK)", (unsigned long long)stream, (unsigned long long)clock);
+        PyList_Append(out, t);
+        Py_DECREF(t);
+      }
+      return out;
+    }
+    static PyObject* rmm_fences_pool_upstream_calls(rmm_fences::testing::host_pool& p)
+    {
+      std::vector<std::tuple<bool, std::uintptr_t, std::size_t, std::uint64_t, std::uint64_t>> c;
+      {
+        std::lock_guard<std::mutex> lock(p.log().mutex);
+        c = p.log().upstream_calls;
+      }
+      PyObject* out = PyList_New(0);
+      for (auto const& [alloc, ptr, size, stream, clock] : c) {
+        PyObject* t = Py_BuildValue("(sKKKK)", alloc ? "allocate" : "deallocate",
+                                    (unsigned long long)ptr, (unsigned long long)size,
                                     (unsigned long long)stream, (unsigned long long)clock);
         PyList_Append(out, t);
         Py_DECREF(t);
@@ -360,15 +420,27 @@ cdef extern from *:
     }
     """
     object rmm_fences_pool_waits(host_pool&)
+    object rmm_fences_pool_syncs(host_pool&)
+    object rmm_fences_pool_stream_syncs(host_pool&)
+    object rmm_fences_pool_upstream_calls(host_pool&)
     object rmm_fences_pool_free_blocks(host_pool&) except +
     object rmm_fences_pool_chunks(host_pool&) except +
 
 
+_POOL_FAULTS = {"record": 0, "stream_wait": 1, "sync_device": 2, "sync_stream": 3}
+
+
 cdef class HostStreamOrderedPool:
     """The stream-ordered pool's core over host chunks; every fence, wait and sync logged
-    against a clock that advances once per call."""
+    against a clock that advances once per call, with fault injection and an oracle.
+
+    ``deallocate`` raises ``ValueError`` for a free the pool refuses (as
+    :meth:`StreamOrderedPoolMemoryResource.deallocate` does); ``deallocate_unchecked`` is the
+    ``noexcept`` free that rmm's resource_ref reaches (refusals are only counted).
+    """
 
     cdef unique_ptr[host_pool] c_obj
+    cdef uint64_t _next_capture_id
 
     def __cinit__(self, size_t initial_pool_size=0, maximum_pool_size=None,
                   size_t upstream_limit=1 << 40):
@@ -376,12 +448,24 @@ cdef class HostStreamOrderedPool:
         if maximum_pool_size is not None:
             cap = <size_t>maximum_pool_size
         self.c_obj.reset(new host_pool(initial_pool_size, cap, upstream_limit))
+        self._next_capture_id = 1
 
     def allocate(self, size_t nbytes, uint64_t stream=0, size_t alignment=256) -> int:
         return <uintptr_t>deref(self.c_obj).allocate(stream, nbytes, alignment)
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, uint64_t stream=0) -> None:
-        deref(self.c_obj).deallocate(stream, <void*>ptr, nbytes)
+        cdef size_t allocated = 0
+        cdef int status = deref(self.c_obj).deallocate(stream, <void*>ptr, nbytes, &allocated)
+        if status == 0:
+            return
+        if status == 2:
+            raise ValueError(f"size mismatch: allocated {allocated} bytes, freed with {nbytes}")
+        if status == 3:
+            raise ValueError(f"stream of another device: cannot free {ptr:#x} on it")
+        raise ValueError(f"double free or foreign pointer: {ptr:#x} is not a live block")
+
+    def deallocate_unchecked(self, uintptr_t ptr, size_t nbytes, uint64_t stream=0) -> None:
+        deref(self.c_obj).deallocate_unchecked(stream, <void*>ptr, nbytes)
 
     def retire_stream(self, uint64_t stream) -> None:
         deref(self.c_obj).retire(stream)
@@ -389,15 +473,61 @@ cdef class HostStreamOrderedPool:
     def release(self) -> int:
         return deref(self.c_obj).release()
 
-    def begin_capture(self, uint64_t stream) -> None:
-        deref(self.c_obj).log().capturing.insert(stream)
+    def begin_capture(self, uint64_t stream, capture_id=None) -> int:
+        """Start capturing ``stream``; streams forked into one capture share ``capture_id``
+        (a new one by default). Returns the capture id."""
+        cdef uint64_t cid
+        if capture_id is None:
+            cid = self._next_capture_id
+            self._next_capture_id += 1
+        else:
+            cid = capture_id
+        deref(self.c_obj).begin_capture(stream, cid)
+        return cid
 
     def end_capture(self, uint64_t stream) -> None:
-        deref(self.c_obj).log().capturing.erase(stream)
+        deref(self.c_obj).end_capture(stream)
+
+    def alias_stream(self, uint64_t stream, uint64_t identity) -> None:
+        """From now on ``stream`` reports ``identity`` (two streams, one identity)."""
+        deref(self.c_obj).alias(stream, identity)
+
+    def mark_foreign_stream(self, uint64_t stream) -> None:
+        """``stream`` belongs to another device from now on."""
+        deref(self.c_obj).mark_foreign(stream)
+
+    def fail_next(self, kind, int count=1) -> None:
+        """The next ``count`` calls of ``kind`` fail: one of ``record``, ``stream_wait``,
+        ``sync_device``, ``sync_stream``."""
+        if kind not in _POOL_FAULTS:
+            raise ValueError(f"kind must be one of {sorted(_POOL_FAULTS)}, got {kind!r}")
+        deref(self.c_obj).fail_next(_POOL_FAULTS[kind], count)
+
+    def free_inside_next_sync(self, uintptr_t ptr, size_t nbytes, uint64_t stream) -> None:
+        """Inside the next device sync (after its synchronization point), "another thread"
+        frees ``ptr`` on ``stream``."""
+        deref(self.c_obj).free_inside_next_sync(stream, <void*>ptr, nbytes)
+
+    @property
+    def hook_free_clock(self) -> int:
+        return deref(self.c_obj).hook_free_clock()
+
+    def run_threads(self, int threads, int iterations, uint64_t seed=0) -> int:
+        """Real threads on their own streams (see host_pool::run_threads), without the GIL;
+        returns how many allocations ran out of memory."""
+        cdef size_t n
+        with nogil:
+            n = deref(self.c_obj).run_threads(threads, iterations, seed)
+        return n
+
+    @property
+    def violations(self) -> list:
+        """What the oracle saw: blocks reused without the wait they needed, live overlaps."""
+        return [v.decode() for v in deref(self.c_obj).violations()]
 
     @property
     def clock(self) -> int:
-        return deref(self.c_obj).log().clock
+        return deref(self.c_obj).log().now()
 
     @property
     def waits(self) -> list:
@@ -406,7 +536,17 @@ cdef class HostStreamOrderedPool:
 
     @property
     def syncs(self) -> list:
-        return list(deref(self.c_obj).log().syncs)
+        return rmm_fences_pool_syncs(deref(self.c_obj))
+
+    @property
+    def stream_syncs(self) -> list:
+        """(stream, clock) of each host sync of one stream."""
+        return rmm_fences_pool_stream_syncs(deref(self.c_obj))
+
+    @property
+    def upstream_calls(self) -> list:
+        """("allocate" or "deallocate", address, bytes, stream, clock) of each upstream call."""
+        return rmm_fences_pool_upstream_calls(deref(self.c_obj))
 
     @property
     def records(self) -> int:
@@ -414,7 +554,7 @@ cdef class HostStreamOrderedPool:
 
     @property
     def free_blocks(self) -> list:
-        """(address, size, owner stream or 0 when shared)."""
+        """(address, size, owner stream identity or 0 when shared)."""
         return rmm_fences_pool_free_blocks(deref(self.c_obj))
 
     @property

@@ -107,6 +107,7 @@ class StreamOrderedPoolStats(TypedDict):
     stream_waits: int
     reclaim_syncs: int
     retired_streams: int
+    rejected_frees: int
 
 class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def __init__(
@@ -115,6 +116,8 @@ class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         initial_pool_size: int | str | None = None,
         maximum_pool_size: int | str | None = None,
     ) -> None: ...
+    def allocate(self, nbytes: int, stream: Any = None) -> int: ...
+    def deallocate(self, ptr: int, nbytes: int, stream: Any = None) -> None: ...
     def pool_size(self) -> int: ...
     @property
     def maximum_pool_size(self) -> int | None: ...

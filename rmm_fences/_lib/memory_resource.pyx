@@ -131,6 +131,8 @@ cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
         void* try_allocate_cached(stream_ref stream, size_t nbytes) except +
         void* allocate(stream_ref stream, size_t nbytes) except +
         void deallocate(stream_ref stream, void* ptr, size_t nbytes) noexcept
+        int deallocate_checked(stream_ref stream, void* ptr, size_t nbytes,
+                               size_t* allocated_bytes) noexcept
         void retire_stream(stream_ref stream) except +
         size_t release() except +
         size_t pool_size()
@@ -594,10 +596,35 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """Free ``ptr`` on ``stream``: reusable on ``stream`` at once, elsewhere after a fence.
 
         Never blocks (at most one event record), so the GIL is kept.
+
+        Raises
+        ------
+        ValueError
+            When ``ptr`` is not a live block of this pool (a double free or a foreign
+            pointer), when ``nbytes`` differs from the size it was allocated with, or when
+            ``stream`` belongs to another device. The pool is then left unchanged (the refusal
+            is counted in ``stats["rejected_frees"]``).
         """
         if stream is None:
             stream = DEFAULT_STREAM
-        deref(self.c_obj).get().deallocate(stream.view(), <void*>ptr, nbytes)
+        cdef size_t allocated = 0
+        cdef int status = deref(self.c_obj).get().deallocate_checked(
+            stream.view(), <void*>ptr, nbytes, &allocated)
+        if status == 0:
+            return
+        if status == 2:
+            raise ValueError(
+                f"size mismatch: allocated {allocated} bytes, freed with {nbytes} "
+                f"(pointer {ptr:#x}); the pool is unchanged"
+            )
+        if status == 3:
+            raise ValueError(
+                f"stream of another device: cannot free {ptr:#x} on it; the pool is unchanged"
+            )
+        raise ValueError(
+            f"double free or foreign pointer: {ptr:#x} ({nbytes} bytes) is not a live block "
+            "of this pool; the pool is unchanged"
+        )
 
     def pool_size(self) -> int:
         """Bytes held from the upstream."""
@@ -634,7 +661,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def stats(self) -> dict:
         """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``same_stream_reuse``,
         ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
-        ``reclaim_syncs``, ``retired_streams``."""
+        ``reclaim_syncs``, ``retired_streams``, ``rejected_frees``."""
         return pool_stats_dict(deref(self.c_obj).get().stats())
 
 
@@ -658,8 +685,11 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
     free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes),
     never one per free, and never while it is being captured. The pool grows by doubling,
-    trying smaller chunks when the upstream is short; right before raising
-    :class:`MemoryError` it synchronizes the device once and reclaims every stream's frees.
+    trying smaller chunks when the upstream is short, allocating each chunk on the requesting
+    stream (on a pool-owned stream while the requesting stream is captured); right before
+    raising :class:`MemoryError` it synchronizes the device once and reclaims what that sync
+    covers. A double free, a foreign pointer or a wrong size raises :class:`ValueError` and
+    leaves the pool unchanged.
     Streams that freed memory should be retired with :meth:`retire_stream` before they are
     destroyed. The pool belongs to the device current at construction.
     """

@@ -8,6 +8,7 @@
 
 #include <rmm_fences/detail/cuda_events.hpp>
 #include <rmm_fences/detail/driver_api.hpp>
+#include <rmm_fences/detail/stream_ordered_pool_core.hpp>
 
 #include <rmm/cuda_device.hpp>
 #include <rmm/detail/error.hpp>
@@ -17,7 +18,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <mutex>
 #include <string>
 
 namespace rmm_fences::detail {
@@ -34,6 +37,8 @@ class cuda_pool_platform {
   static constexpr std::uint64_t legacy_stream_id = std::numeric_limits<std::uint64_t>::max();
 
   explicit cuda_pool_platform(rmm::cuda_device_id device) : device_{device} {}
+  cuda_pool_platform(cuda_pool_platform const&)            = delete;
+  cuda_pool_platform& operator=(cuda_pool_platform const&) = delete;
 
   [[nodiscard]] rmm::cuda_device_id device() const noexcept { return device_; }
 
@@ -44,8 +49,9 @@ class cuda_pool_platform {
    * default stream's identity is looked up once per thread and device.
    *
    * `cuStreamGetId` on a capturing stream invalidates the capture in every capture mode (seen
-   * on the H200, driver 580), so a capturing stream is identified by its capture sequence
-   * instead: a separate identity for the duration of that capture.
+   * on the H200, driver 580), so a capturing stream is identified by its capture id mixed with
+   * its handle (`capturing_stream_identity`): streams forked into one capture share the id,
+   * and must not share a cache (their branches run in parallel in the graph).
    */
   std::uint64_t stream_id(cuda::stream_ref stream) const noexcept
   {
@@ -98,6 +104,84 @@ class cuda_pool_platform {
     return false;
   }
 
+  /// Waits on the host for `stream`'s work (in relaxed capture mode: allowed on a stream that
+  /// is not captured while another is).
+  static bool sync_stream(cuda::stream_ref stream) noexcept
+  {
+    relaxed_capture_scope relaxed;
+    if (cudaStreamSynchronize(stream.get()) == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+
+  /**
+   * @brief False when `stream` is known to belong to another device than the pool's.
+   *
+   * Called once per stream identity (when its slot is created). Uses `cuStreamGetDevice`
+   * (CUDA 12.8 drivers and later; without it, only the legacy and per-thread default streams
+   * are checked, against the current device). A capturing stream is not checked (a query
+   * could invalidate the capture).
+   */
+  bool stream_on_device(cuda::stream_ref stream) const noexcept
+  {
+    auto const handle = stream.get();
+    if (handle == nullptr || handle == cudaStreamLegacy || handle == cudaStreamPerThread) {
+      int current = -1;
+      if (cudaGetDevice(&current) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+      }
+      return current == device_.value();
+    }
+    if (rmm_fences::detail::is_capturing(stream)) { return true; }
+    using get_device_fn    = CUresult (*)(CUstream, CUdevice*);
+    static auto const get  = [] {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      if (cudaGetDriverEntryPointByVersion("cuStreamGetDevice", &fn, 12080, cudaEnableDefault,
+                                           &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return get_device_fn{};
+      }
+      return reinterpret_cast<get_device_fn>(fn);
+    }();
+    if (get == nullptr) { return true; }
+    relaxed_capture_scope relaxed;
+    CUdevice dev{};
+    if (get(reinterpret_cast<CUstream>(handle), &dev) != CUDA_SUCCESS) { return true; }
+    return static_cast<int>(dev) == device_.value();
+  }
+
+  /// The pool's own non-blocking stream on its device (created on first use).
+  cuda::stream_ref private_stream()
+  {
+    std::lock_guard<std::mutex> lock(private_mutex_);
+    if (private_ == nullptr) {
+      rmm::cuda_set_device_raii guard{device_};
+      relaxed_capture_scope relaxed;
+      RMM_CUDA_TRY(cudaStreamCreateWithFlags(&private_, cudaStreamNonBlocking));
+    }
+    return cuda::stream_ref{private_};
+  }
+
+  void destroy_private_stream() noexcept
+  {
+    std::lock_guard<std::mutex> lock(private_mutex_);
+    if (private_ != nullptr) {
+      rmm::cuda_set_device_raii guard{device_};
+      (void)cudaStreamSynchronize(private_);
+      (void)cudaStreamDestroy(private_);
+      (void)cudaGetLastError();
+      private_ = nullptr;
+    }
+  }
+
+  static void report_rejected_free(char const* line) noexcept
+  {
+    std::fprintf(stderr, "%s\n", line);
+  }
+
   static cuda::stream_ref default_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
 
   /// Scope for calls that are not capture-safe (upstream growth, device sync).
@@ -111,13 +195,14 @@ class cuda_pool_platform {
   }
 
  private:
-  /// Identities of capture sequences: bit 62 set (stream ids never reach it).
+  /// Identities of captured streams: (capture id, handle) mixed, bit 62 set (stream ids
+  /// never reach it).
   static std::uint64_t capture_identity(cudaStream_t handle) noexcept
   {
     cudaStreamCaptureStatus status{};
     unsigned long long id{};
     if (cudaStreamGetCaptureInfo(handle, &status, &id) == cudaSuccess) {
-      return (std::uint64_t{1} << 62) | id;
+      return capturing_stream_identity(id, reinterpret_cast<std::uintptr_t>(handle));
     }
     (void)cudaGetLastError();
     return (std::uint64_t{3} << 61) | reinterpret_cast<std::uintptr_t>(handle);
@@ -137,6 +222,8 @@ class cuda_pool_platform {
   }
 
   rmm::cuda_device_id device_;
+  std::mutex private_mutex_;
+  cudaStream_t private_{};
 };
 
 }  // namespace rmm_fences::detail

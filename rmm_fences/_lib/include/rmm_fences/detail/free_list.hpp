@@ -19,7 +19,11 @@ namespace rmm_fences::detail {
 /// Every block boundary of the pool is a multiple of this (and so is every block size).
 inline constexpr std::size_t pool_granularity = 256;
 
-/// `bytes` rounded up to the pool granularity (0 becomes one granule).
+/// Largest size `round_to_granule` takes: above it the rounding would wrap to 0.
+inline constexpr std::size_t max_granule_size = SIZE_MAX - pool_granularity + 1;
+
+/// `bytes` rounded up to the pool granularity (0 becomes one granule). Callers check
+/// `bytes <= max_granule_size` first (the pool refuses larger requests as out-of-memory).
 inline std::size_t round_to_granule(std::size_t bytes) noexcept
 {
   if (bytes == 0) { return pool_granularity; }

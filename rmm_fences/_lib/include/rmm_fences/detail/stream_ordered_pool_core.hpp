@@ -14,11 +14,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -37,11 +40,143 @@ struct stream_ordered_pool_stats {
   std::uint64_t stream_waits{};        ///< stream-to-fence waits enqueued (no host sync)
   std::uint64_t reclaim_syncs{};       ///< device syncs before giving up (near out-of-memory)
   std::uint64_t retired_streams{};     ///< streams retired through `retire_stream`
+  std::uint64_t rejected_frees{};      ///< frees refused (double, foreign, wrong size)
 };
 
 }  // namespace rmm_fences::mr
 
 namespace rmm_fences::detail {
+
+/**
+ * @brief The identity of a stream while it is captured: a 64-bit mix of the capture id and
+ * the stream handle, with bit 62 set and bit 63 clear.
+ *
+ * Every stream forked into one capture shares its capture id, so the id alone would give
+ * parallel branches one cache (a block freed on one branch taken by another with no edge
+ * between them). The handle tells the branches apart; the capture id tells apart per-thread
+ * default streams (one handle value) captured by different threads, and successive captures
+ * of one stream. Stream ids of the driver count up from small numbers and never reach bit 62.
+ * Two different (capture id, handle) pairs share an identity with probability about 2^-62
+ * per pair: a collision would let two streams of captures share one cache.
+ */
+inline std::uint64_t capturing_stream_identity(std::uint64_t capture_id,
+                                               std::uint64_t handle) noexcept
+{
+  // splitmix64 finalizer over both words (a bijection of each given the other).
+  std::uint64_t x = capture_id * 0x9E3779B97F4A7C15ULL ^ (handle + 0x632BE59BD9B4E019ULL);
+  x ^= x >> 30U;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27U;
+  x *= 0x94D049BB133111EBULL;
+  x ^= x >> 31U;
+  return (x & ((std::uint64_t{1} << 62) - 1)) | (std::uint64_t{1} << 62);
+}
+
+/**
+ * @brief The blocks one stream's slot handed out: address -> requested bytes.
+ *
+ * Open addressing with linear probing and backward-shift deletion (no tombstones): a lookup
+ * and the erase that follows it cost one probe; nothing is allocated until the table grows
+ * (at half full). Key 0 marks an empty entry (no block lives at address 0).
+ */
+class live_block_map {
+ public:
+  static constexpr std::size_t npos = ~std::size_t{0};
+
+  live_block_map() { rehash(128); }
+
+  /// Lists `key` (non-zero) with `bytes`. May grow the table (std::bad_alloc).
+  void insert(std::uintptr_t key, std::size_t bytes)
+  {
+    if (2 * (size_ + 1) > entries_.size()) { rehash(2 * entries_.size()); }
+    place(key, bytes);
+  }
+
+  /// The index of `key`, or `npos`.
+  [[nodiscard]] std::size_t find(std::uintptr_t key) const noexcept
+  {
+    for (auto i = home(key);; i = next(i)) {
+      if (entries_[i].key == key) { return i; }
+      if (entries_[i].key == 0) { return npos; }
+    }
+  }
+
+  [[nodiscard]] std::size_t bytes_at(std::size_t i) const noexcept { return entries_[i].bytes; }
+
+  /// Erases the entry at `i` (from `find`).
+  void erase_at(std::size_t i) noexcept
+  {
+    for (auto j = next(i);; j = next(j)) {
+      auto const k = entries_[j].key;
+      if (k == 0) { break; }
+      auto const h      = home(k);
+      bool const moves = (i <= j) ? (h <= i || h > j) : (h <= i && h > j);
+      if (moves) {
+        entries_[i] = entries_[j];
+        i           = j;
+      }
+    }
+    entries_[i] = {};
+    --size_;
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
+  struct entry {
+    std::uintptr_t key{};
+    std::size_t bytes{};
+  };
+
+  [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept
+  {
+    return static_cast<std::size_t>(((key >> 8U) * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+  [[nodiscard]] std::size_t next(std::size_t i) const noexcept { return (i + 1) & mask_; }
+
+  void place(std::uintptr_t key, std::size_t bytes) noexcept
+  {
+    auto i = home(key);
+    while (entries_[i].key != 0 && entries_[i].key != key) {
+      i = next(i);
+    }
+    if (entries_[i].key == 0) { ++size_; }
+    entries_[i] = {key, bytes};
+  }
+
+  void rehash(std::size_t count)
+  {
+    std::vector<entry> old(count);
+    old.swap(entries_);
+    mask_  = count - 1;
+    shift_ = 64;
+    for (auto c = count; c > 1; c /= 2) {
+      --shift_;
+    }
+    size_ = 0;
+    for (auto const& e : old) {
+      if (e.key != 0) { place(e.key, e.bytes); }
+    }
+  }
+
+  std::vector<entry> entries_;
+  std::size_t size_{};
+  std::size_t mask_{};
+  unsigned shift_{};
+};
+
+/// What a checked free found.
+enum class free_status : int {
+  done           = 0,  ///< freed
+  not_live       = 1,  ///< not a live block of this pool: double free or foreign pointer
+  size_mismatch  = 2,  ///< a live block, freed with another size than it was allocated with
+  foreign_stream = 3,  ///< the stream belongs to another device
+};
+
+struct free_result {
+  free_status status{free_status::done};
+  std::size_t allocated_bytes{};  ///< with `size_mismatch`: the size it was allocated with
+};
 
 /**
  * @brief The rules of the stream-ordered pool, over a platform and an upstream.
@@ -56,7 +191,11 @@ namespace rmm_fences::detail {
  *   bool stream_wait(stream_type waiter, fence_type) noexcept; // device-side wait, no host sync
  *   bool is_capturing(stream_type) noexcept;
  *   bool sync_device() noexcept;
- *   stream_type default_stream() noexcept;
+ *   bool sync_stream(stream_type) noexcept;
+ *   bool stream_on_device(stream_type) noexcept;  // false: a stream of another device
+ *   stream_type private_stream();  // pool-owned, non-blocking: growth in capture, returns
+ *   void destroy_private_stream() noexcept;
+ *   void report_rejected_free(char const* line) noexcept;  // one line for the user
  *   auto relax() noexcept;     // scope for calls not allowed in capture (growth, device sync)
  *
  * `Upstream`: `void* allocate(stream, bytes, alignment)`, `deallocate(...) noexcept`.
@@ -66,8 +205,9 @@ namespace rmm_fences::detail {
  *  - Every stream identity S has a slot. A block freed on S goes to S's *cache*, a free list
  *    that only S allocates from: stream order makes that reuse safe at once, with no CUDA call.
  *  - Fences are batched: S records one event (its slot's fence, re-recorded each time) when
- *    its cache holds `fence_batch` blocks or `pool_size / fence_fraction` bytes (so a stream
- *    that keeps reusing its own blocks never records one), when another
+ *    its cache holds `fence_batch` blocks or `pool_size / fence_fraction` bytes (the last
+ *    exact-size frees count only once another stream ran short while S held free blocks: a
+ *    stream that keeps reusing its own blocks, however big, never records one), when another
  *    stream asked for S's blocks, or when S is retired. Recording happens on a call that uses
  *    S, so S is alive. All of S's cached blocks then move to the shared list, tagged with
  *    (S, fence number).
@@ -77,11 +217,25 @@ namespace rmm_fences::detail {
  *  - Blocks of a stream destroyed without being retired stay in its cache: the pool never
  *    records on a stream it was not called with. `retire_stream(S)` fences S and hands its
  *    blocks to everyone. Right before out-of-memory, the pool synchronizes the device once and
- *    reclaims every cache; `release()` does the same and returns whole free chunks upstream.
+ *    reclaims what that sync covers: the caches and fenced shared blocks are detached first,
+ *    then the device is synchronized, then only the detached blocks lose their fences (a block
+ *    freed and fenced by another thread meanwhile keeps its fence). `release()` does the same
+ *    and returns whole free chunks that no fence guards upstream.
+ *  - Growth allocates from the upstream on the requesting stream S (a stream-ordered
+ *    upstream may hand out memory whose previous user's work is ordered only on S): the
+ *    carved block is ordered for S, and the rest is listed tagged with a fence of S recorded
+ *    after the upstream call. While S is captured, growth uses a pool-owned stream P instead
+ *    (never S: that would put an allocation node into the graph; never the legacy stream),
+ *    synchronizes P and lists the chunk untagged. Chunks go back upstream on P.
+ *  - Every slot keeps the blocks it handed out (address -> requested bytes): a free finds its
+ *    block in the freeing stream's slot (the common case) or in another slot, one slot lock
+ *    at a time, before touching any list; a double free, a foreign pointer or a wrong size
+ *    is refused and counted, and changes nothing.
  *  - Locks: each slot has its own mutex (the common path takes only the calling stream's);
  *    the shared list has one; growth from the upstream holds only `growth_mutex_`, never a
- *    lock another stream needs for its own blocks. Lock order: slot -> fence; shared -> chunks;
- *    no thread holds a slot's mutex and the shared list's at once.
+ *    lock another stream needs for its own blocks. Lock order: reclaim -> slots -> slot ->
+ *    fence; shared -> chunks; slot -> chunks; no thread holds a slot's mutex and the shared
+ *    list's at once.
  *  - During capture of the calling stream: no fence is recorded and no stream wait enqueued;
  *    allocation uses the stream's cache, untagged shared blocks, or upstream growth.
  */
@@ -102,6 +256,12 @@ class stream_ordered_pool_core {
   static constexpr std::size_t recent_capacity = 8;
   /// Size of the first chunk when no initial size is given.
   static constexpr std::size_t default_first_chunk = std::size_t{64} << 20;
+  /// Largest alignment accepted.
+  static constexpr std::size_t max_alignment = std::size_t{1} << 30;
+  /// Requests above this raise out-of-memory at once (no upstream holds half the address
+  /// space; and rounding to the granule cannot overflow below it).
+  static constexpr std::size_t max_request = SIZE_MAX / 2;
+  static_assert(max_request <= max_granule_size);
 
   template <typename... PlatformArgs>
   stream_ordered_pool_core(Upstream upstream,
@@ -114,9 +274,20 @@ class stream_ordered_pool_core {
       generation_{next_generation()}
   {
     if (initial_pool_size > 0) {
+      if (initial_pool_size > max_request) {
+        Platform::throw_out_of_memory(initial_pool_size, 0);
+      }
       auto const size = round_to_granule(initial_pool_size);
-      void* ptr       = upstream_.allocate(platform_.default_stream(), size, pool_granularity);
-      add_chunk(static_cast<char*>(ptr), size, nullptr, 0);
+      // On the pool's own stream, synchronized: the chunk is then free of any earlier work
+      // and listed untagged.
+      [[maybe_unused]] auto relaxed      = platform_.relax();
+      auto const stream = platform_.private_stream();
+      void* ptr         = upstream_.allocate(stream, size, pool_granularity);
+      if (!platform_.sync_stream(stream)) {
+        upstream_.deallocate(stream, ptr, size, pool_granularity);
+        Platform::throw_out_of_memory(initial_pool_size, 0);
+      }
+      add_chunk(static_cast<char*>(ptr), size, 0, pool_granularity, fence_tag{}, nullptr);
     }
   }
 
@@ -145,9 +316,11 @@ class stream_ordered_pool_core {
     slots_.clear();
     retired_.clear();
     if (device_alive) {
+      [[maybe_unused]] auto relaxed = platform_.relax();
       for (auto& [ptr, size] : chunks_) {
-        upstream_.deallocate(platform_.default_stream(), ptr, size, pool_granularity);
+        upstream_.deallocate(platform_.private_stream(), ptr, size, pool_granularity);
       }
+      platform_.destroy_private_stream();
     }
     chunks_.clear();
     pool_bytes_.store(0, std::memory_order_relaxed);
@@ -162,32 +335,84 @@ class stream_ordered_pool_core {
                                           std::size_t bytes,
                                           std::size_t alignment)
   {
-    return from_cache(lookup(stream), round_to_granule(bytes),
+    if (!valid_request(bytes, alignment)) { return nullptr; }  // `allocate` says why
+    auto* slot = lookup(stream);
+    if (slot == nullptr) { return nullptr; }
+    return from_cache(*slot, bytes, round_to_granule(bytes),
                       std::max(alignment, pool_granularity));
   }
 
-  /// Allocates `bytes` at `alignment` (at least the pool granularity) for use on `stream`.
+  /**
+   * @brief Allocates `bytes` at `alignment` (at least the pool granularity) for use on `stream`.
+   *
+   * @throws std::invalid_argument for an alignment that is not a power of two or exceeds
+   * `max_alignment`, or a stream of another device
+   * @throws Platform::out_of_memory when neither the pool nor the upstream has room (at once
+   * for requests above `max_request`)
+   */
   [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment)
   {
+    if (!valid_request(bytes, alignment)) { reject_request(bytes, alignment); }
     auto const size  = round_to_granule(bytes);
     auto const align = std::max(alignment, pool_granularity);
-    auto& slot       = lookup(stream);
-    if (void* ptr = from_cache(slot, size, align); ptr != nullptr) { return ptr; }
-    if (void* ptr = take_shared(slot, stream, size, align); ptr != nullptr) { return ptr; }
+    auto* slot_ptr   = lookup(stream);
+    if (slot_ptr == nullptr) {
+      throw std::invalid_argument(
+        "StreamOrderedPoolMemoryResource: stream belongs to another device than the pool's");
+    }
+    auto& slot = *slot_ptr;
+    if (void* ptr = from_cache(slot, bytes, size, align); ptr != nullptr) { return ptr; }
+    if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) {
+      return ptr;
+    }
     request_fences(slot);
-    if (void* ptr = grow(slot, stream, size, align); ptr != nullptr) { return ptr; }
+    if (void* ptr = grow(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     if (!platform_.is_capturing(stream) && reclaim()) {
-      if (void* ptr = take_shared(slot, stream, size, align); ptr != nullptr) { return ptr; }
+      if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) {
+        return ptr;
+      }
     }
     Platform::throw_out_of_memory(bytes, pool_bytes_.load(std::memory_order_relaxed));
   }
 
-  /// Frees a block on `stream`: it is reusable on `stream` at once, elsewhere after a fence.
+  /**
+   * @brief Frees a block on `stream`: it is reusable on `stream` at once, elsewhere after a
+   * fence. A free that is not of a live block of this pool with the size it was allocated
+   * with changes nothing: it is counted in `rejected_frees` and reported on one line.
+   */
   void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t) noexcept
   {
-    auto const size = round_to_granule(bytes);
-    auto& slot      = lookup(stream);
+    auto const r = deallocate_checked(stream, ptr, bytes);
+    if (r.status != free_status::done) [[unlikely]] { report_rejected(r, ptr, bytes); }
+  }
+
+  /// `deallocate` that tells what it found instead of reporting it (counted all the same).
+  free_result deallocate_checked(stream_type stream, void* ptr, std::size_t bytes) noexcept
+  {
+    auto* slot_ptr = lookup(stream);
+    if (slot_ptr == nullptr) {
+      rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+      return {free_status::foreign_stream, 0};
+    }
+    auto& slot      = *slot_ptr;
+    auto const key  = reinterpret_cast<std::uintptr_t>(ptr);
     std::unique_lock<spin_mutex> lock(slot.mutex);
+    if (auto const i = slot.live.find(key); i != live_block_map::npos) {
+      if (slot.live.bytes_at(i) != bytes) {
+        rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+        return {free_status::size_mismatch, slot.live.bytes_at(i)};
+      }
+      slot.live.erase_at(i);
+    } else {
+      lock.unlock();
+      auto const r = take_live_elsewhere(slot, key, bytes);
+      if (r.status != free_status::done) {
+        rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+        return r;
+      }
+      lock.lock();
+    }
+    auto const size = round_to_granule(bytes);
     slot.balance -= static_cast<std::int64_t>(size);
     if (slot.balance <= -accounting_batch) { settle(slot); }
     if (slot.recent_count < recent_capacity) {
@@ -198,10 +423,11 @@ class stream_ordered_pool_core {
         slot.cache.insert(static_cast<char*>(ptr), size, no_tag{}, chunk_start_test());
       } catch (...) {
         // No host memory to list the block: it stays allocated (never reused early).
-        return;
+        return {};
       }
     }
     if (should_fence(slot)) { fence_and_share(slot, stream, lock); }
+    return {};
   }
 
   /**
@@ -224,6 +450,7 @@ class stream_ordered_pool_core {
       retired_.push_back(slot);
     }
     std::unique_lock<spin_mutex> lock(slot->mutex);
+    settle(*slot);  // a retired slot's balance would otherwise skew the totals (and the peak)
     fence_and_share(*slot, stream, lock);
     retired_count_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -236,7 +463,7 @@ class stream_ordered_pool_core {
    */
   std::size_t release()
   {
-    reclaim();
+    (void)reclaim();
     std::vector<std::pair<char*, std::size_t>> whole;
     {
       std::lock_guard<std::mutex> shared_lock(shared_mutex_);
@@ -256,8 +483,12 @@ class stream_ordered_pool_core {
       whole.swap(free_whole);
     }
     std::size_t returned = 0;
+    if (whole.empty()) { return 0; }
+    // On the pool's own stream: never the legacy stream, which a capture may forbid.
+    [[maybe_unused]] auto relaxed      = platform_.relax();
+    auto const stream = platform_.private_stream();
     for (auto const& [ptr, size] : whole) {
-      upstream_.deallocate(platform_.default_stream(), ptr, size, pool_granularity);
+      upstream_.deallocate(stream, ptr, size, pool_granularity);
       returned += size;
     }
     return returned;
@@ -300,6 +531,7 @@ class stream_ordered_pool_core {
     s.stream_waits       = stream_waits_.load(std::memory_order_relaxed);
     s.reclaim_syncs      = reclaim_syncs_.load(std::memory_order_relaxed);
     s.retired_streams    = retired_count_.load(std::memory_order_relaxed);
+    s.rejected_frees     = rejected_frees_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -383,7 +615,11 @@ class stream_ordered_pool_core {
     std::size_t recent_count{};
     std::size_t recent_bytes{};
     std::unordered_map<std::uint64_t, std::uint64_t> waited;  // other slot serial -> fence no.
+    live_block_map live;                  // blocks handed out on this slot -> requested bytes
     std::atomic<bool> fence_requested{};
+    // Another stream once missed while this one held free blocks: from then on the byte rule
+    // counts the last exact-size frees too (so a big free is fenced for the next taker).
+    std::atomic<bool> demanded{};
 
     std::mutex fence_mutex;               // guards fence and fence_number (after `mutex`)
     std::optional<fence_type> fence;      // re-recorded at each fence of this stream
@@ -410,8 +646,10 @@ class stream_ordered_pool_core {
     return counter.fetch_add(1, std::memory_order_relaxed);
   }
 
-  /// The slot of `stream`'s identity (created on first use). Hot path: a thread-local cache.
-  slot_type& lookup(stream_type stream)
+  /// The slot of `stream`'s identity (created on first use), or nullptr for a stream of
+  /// another device (checked once, when the slot would be created). Hot path: a thread-local
+  /// cache.
+  slot_type* lookup(stream_type stream)
   {
     struct tls_entry {
       std::uint64_t generation;
@@ -429,7 +667,7 @@ class stream_ordered_pool_core {
     auto const id  = platform_.stream_id(stream);
     auto const gen = generation_.load(std::memory_order_acquire);
     for (auto const& e : cache.entries) {
-      if (e.generation == gen && e.id == id) { return *e.slot; }
+      if (e.generation == gen && e.id == id) { return e.slot; }
     }
     slot_type* slot = nullptr;
     {
@@ -437,13 +675,94 @@ class stream_ordered_pool_core {
       if (auto it = slots_.find(id); it != slots_.end()) { slot = it->second.get(); }
     }
     if (slot == nullptr) {
+      if (!platform_.stream_on_device(stream)) { return nullptr; }
       std::unique_lock<std::shared_mutex> lock(slots_mutex_);
       auto& entry = slots_[id];
       if (!entry) { entry = std::make_shared<slot_type>(id, next_serial_++, &platform_); }
       slot = entry.get();
     }
     cache.entries[cache.next_victim++ % cache.entries.size()] = {gen, id, slot};
-    return *slot;
+    return slot;
+  }
+
+  /// One line for the user about a refused free (off the hot path).
+  [[gnu::cold, gnu::noinline]] void report_rejected(free_result r,
+                                                    void* ptr,
+                                                    std::size_t bytes) noexcept
+  {
+    char line[256];
+    switch (r.status) {
+      case free_status::size_mismatch:
+        std::snprintf(line, sizeof(line),
+                      "StreamOrderedPoolMemoryResource: rejected free of %p: size mismatch: "
+                      "allocated %zu bytes, freed with %zu; the pool is unchanged",
+                      ptr, r.allocated_bytes, bytes);
+        break;
+      case free_status::foreign_stream:
+        std::snprintf(line, sizeof(line),
+                      "StreamOrderedPoolMemoryResource: rejected free of %p (%zu bytes): the "
+                      "stream belongs to another device; the pool is unchanged",
+                      ptr, bytes);
+        break;
+      default:
+        std::snprintf(line, sizeof(line),
+                      "StreamOrderedPoolMemoryResource: rejected free of %p (%zu bytes): double "
+                      "free or foreign pointer (not a live block of this pool); the pool is "
+                      "unchanged",
+                      ptr, bytes);
+        break;
+    }
+    platform_.report_rejected_free(line);
+  }
+
+  [[nodiscard]] static bool valid_request(std::size_t bytes, std::size_t alignment) noexcept
+  {
+    return bytes <= max_request && alignment != 0 && (alignment & (alignment - 1)) == 0 &&
+           alignment <= max_alignment;
+  }
+
+  [[noreturn]] void reject_request(std::size_t bytes, std::size_t alignment)
+  {
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > max_alignment) {
+      throw std::invalid_argument(
+        "StreamOrderedPoolMemoryResource: alignment must be a power of two from 1 to " +
+        std::to_string(max_alignment) + " (1 GiB), got " + std::to_string(alignment));
+    }
+    Platform::throw_out_of_memory(bytes, pool_bytes_.load(std::memory_order_relaxed));
+  }
+
+  /// Finds the live block `key` in a slot other than `self` (one slot lock at a time) and,
+  /// when `bytes` matches, forgets it there.
+  free_result take_live_elsewhere(slot_type& self, std::uintptr_t key, std::size_t bytes)
+  {
+    std::shared_lock<std::shared_mutex> lock(slots_mutex_);
+    auto try_slot = [&](slot_type& slot, free_result& out) {
+      if (&slot == &self) { return false; }
+      std::lock_guard<spin_mutex> slot_lock(slot.mutex);
+      auto const i = slot.live.find(key);
+      if (i == live_block_map::npos) { return false; }
+      if (slot.live.bytes_at(i) != bytes) {
+        out = {free_status::size_mismatch, slot.live.bytes_at(i)};
+      } else {
+        slot.live.erase_at(i);
+        out = {free_status::done, 0};
+      }
+      return true;
+    };
+    free_result out{free_status::not_live, 0};
+    for (auto& [id, slot] : slots_) {
+      if (try_slot(*slot, out)) { return out; }
+    }
+    for (auto& slot : retired_) {
+      if (try_slot(*slot, out)) { return out; }
+    }
+    return out;
+  }
+
+  /// Lists `ptr` as handed out on `slot` (caller holds slot.mutex). May throw bad_alloc.
+  static void track(slot_type& slot, char* ptr, std::size_t bytes)
+  {
+    slot.live.insert(reinterpret_cast<std::uintptr_t>(ptr), bytes);
   }
 
   /// Counts an allocation made on a slower path straight into the pool's totals.
@@ -472,7 +791,7 @@ class stream_ordered_pool_core {
   }
 
   /// The same-stream path: the stream's last frees, then its free list.
-  void* from_cache(slot_type& slot, std::size_t size, std::size_t align)
+  void* from_cache(slot_type& slot, std::size_t bytes, std::size_t size, std::size_t align)
   {
     std::lock_guard<spin_mutex> lock(slot.mutex);
     char* ptr = take_recent(slot, size, align);
@@ -485,6 +804,15 @@ class stream_ordered_pool_core {
       ptr = b.ptr;
     }
     if (ptr == nullptr) { return nullptr; }
+    try {
+      track(slot, ptr, bytes);
+    } catch (...) {
+      try {
+        slot.cache.insert(ptr, size, no_tag{}, chunk_start_test());
+      } catch (...) {  // unlisted: lost to the pool, never handed out twice
+      }
+      throw;
+    }
     ++slot.same_stream_hits;
     slot.balance += static_cast<std::int64_t>(size);
     if (slot.balance >= accounting_batch) { settle(slot); }
@@ -534,9 +862,13 @@ class stream_ordered_pool_core {
     if (slot.fence_requested.load(std::memory_order_relaxed)) { return true; }
     // Counted in cached blocks, not frees: a stream that reuses its blocks never fences.
     if (slot.cache.block_count() + slot.recent_count >= fence_batch) { return true; }
-    auto const pool = pool_bytes_.load(std::memory_order_relaxed);
-    return slot.cache.free_bytes() + slot.recent_bytes >=
-           std::max<std::size_t>(pool / fence_fraction, 1);
+    // The byte rule leaves out the last exact-size frees (`recent`) until another stream
+    // missed while this one held free blocks (`request_fences`): a stream that reuses its own
+    // big block, and that no other stream waits for, never fences it.
+    auto const pool   = pool_bytes_.load(std::memory_order_relaxed);
+    auto const cached = slot.cache.free_bytes() +
+                        (slot.demanded.load(std::memory_order_relaxed) ? slot.recent_bytes : 0);
+    return cached >= std::max<std::size_t>(pool / fence_fraction, 1);
   }
 
   /// Records `slot`'s fence on `stream` and moves its cache to the shared list (called with
@@ -545,18 +877,9 @@ class stream_ordered_pool_core {
   {
     flush_recent(slot);
     if (slot.cache.empty() || platform_.is_capturing(stream)) { return; }
-    std::uint64_t number = 0;
-    {
-      std::lock_guard<std::mutex> fence_lock(slot.fence_mutex);
-      try {
-        if (!slot.fence.has_value()) { slot.fence = platform_.create_fence(); }
-      } catch (...) {
-        return;  // no fence: the blocks stay in the cache, usable by this stream
-      }
-      if (!platform_.record(*slot.fence, stream)) { return; }
-      number = ++slot.fence_number;
-    }
-    fences_.fetch_add(1, std::memory_order_relaxed);
+    // No fence: the blocks stay in the cache, usable by this stream.
+    auto const number = record_fence(slot, stream);
+    if (!number) { return; }
     slot.fence_requested.store(false, std::memory_order_relaxed);
     auto blocks = slot.cache.take_all();
     lock.unlock();
@@ -564,9 +887,24 @@ class stream_ordered_pool_core {
     std::lock_guard<std::mutex> shared_lock(shared_mutex_);
     for (auto& b : blocks) {
       fence_tag tag;
-      tag.needs.emplace_back(owner, number);
+      tag.needs.emplace_back(owner, *number);
       shared_.insert(b.ptr, b.size, std::move(tag), chunk_start_test());
     }
+  }
+
+  /// Records `slot`'s fence on `stream` (after the work queued there); its number, or none
+  /// when no fence could be created or recorded.
+  std::optional<std::uint64_t> record_fence(slot_type& slot, stream_type stream) noexcept
+  {
+    std::lock_guard<std::mutex> fence_lock(slot.fence_mutex);
+    try {
+      if (!slot.fence.has_value()) { slot.fence = platform_.create_fence(); }
+    } catch (...) {
+      return std::nullopt;
+    }
+    if (!platform_.record(*slot.fence, stream)) { return std::nullopt; }
+    fences_.fetch_add(1, std::memory_order_relaxed);
+    return ++slot.fence_number;
   }
 
   /// The owning pointer of a slot (a live slot is in `slots_` or `retired_`).
@@ -583,7 +921,11 @@ class stream_ordered_pool_core {
   }
 
   /// Takes a block from the shared list for `slot`'s stream, enqueuing the fence waits it needs.
-  void* take_shared(slot_type& slot, stream_type stream, std::size_t size, std::size_t align)
+  void* take_shared(slot_type& slot,
+                    stream_type stream,
+                    std::size_t bytes,
+                    std::size_t size,
+                    std::size_t align)
   {
     typename free_list<fence_tag>::block b;
     {
@@ -599,6 +941,14 @@ class stream_ordered_pool_core {
         return nullptr;
       }
       cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed);
+    }
+    try {
+      std::lock_guard<spin_mutex> lock(slot.mutex);
+      track(slot, b.ptr, bytes);
+    } catch (...) {
+      std::lock_guard<std::mutex> shared_lock(shared_mutex_);
+      shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
+      throw;
     }
     return account(b.ptr, b.size);
   }
@@ -640,21 +990,43 @@ class stream_ordered_pool_core {
     return true;
   }
 
-  /// Asks every other stream with cached blocks to fence them at its next call.
+  /// Asks every other stream with cached blocks to fence them at its next call, and to fence
+  /// its big frees from now on.
   void request_fences(slot_type& self)
   {
     std::shared_lock<std::shared_mutex> lock(slots_mutex_);
     for (auto& [id, slot] : slots_) {
-      if (slot.get() != &self) { slot->fence_requested.store(true, std::memory_order_relaxed); }
+      if (slot.get() == &self) { continue; }
+      slot->fence_requested.store(true, std::memory_order_relaxed);
+      bool holds = false;
+      {
+        std::lock_guard<spin_mutex> slot_lock(slot->mutex);
+        holds = slot->recent_count > 0 || !slot->cache.empty();
+      }
+      if (holds) { slot->demanded.store(true, std::memory_order_relaxed); }
     }
   }
 
-  /// Grows the pool by one chunk (doubling, bounded, smaller on failure) and allocates from it.
-  void* grow(slot_type& slot, stream_type stream, std::size_t size, std::size_t align)
+  /**
+   * @brief Grows the pool by one chunk (doubling, bounded, smaller on failure) and allocates
+   * from it.
+   *
+   * The chunk comes from the upstream on `stream`: the carved block is ordered for `stream`
+   * and the rest is listed with a fence of `stream` recorded after the upstream call (in
+   * `slot`'s cache when no fence can be recorded). While `stream` is captured, the chunk comes
+   * on the pool's own stream, which is synchronized; the rest is then listed untagged.
+   */
+  void* grow(slot_type& slot,
+             stream_type stream,
+             std::size_t bytes,
+             std::size_t size,
+             std::size_t align)
   {
     std::lock_guard<std::mutex> growth_lock(growth_mutex_);
     // Another thread may have grown while this one waited.
-    if (void* ptr = take_shared(slot, stream, size, align); ptr != nullptr) { return ptr; }
+    if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) {
+      return ptr;
+    }
     auto const need  = size + (align > pool_granularity ? align : 0);
     auto const held  = pool_bytes_.load(std::memory_order_relaxed);
     auto const room  = maximum_pool_size_ ? (*maximum_pool_size_ > held
@@ -664,26 +1036,54 @@ class stream_ordered_pool_core {
     if (need > room) { return nullptr; }
     auto chunk = std::min(room, std::max(need, held == 0 ? default_first_chunk : held));
     chunk      = round_to_granule(chunk);
-    auto relaxed = platform_.relax();  // cudaMalloc would invalidate a global-mode capture
+    // cudaMalloc would invalidate a global-mode capture; a stream sync is allowed in relaxed
+    // mode on a stream that is not captured.
+    [[maybe_unused]] auto relaxed         = platform_.relax();
+    bool const capturing = platform_.is_capturing(stream);
+    auto const on        = capturing ? platform_.private_stream() : stream;
     while (true) {
+      char* ptr = nullptr;
       try {
-        void* ptr = upstream_.allocate(platform_.default_stream(), chunk, pool_granularity);
-        growths_.fetch_add(1, std::memory_order_relaxed);
-        return add_chunk(static_cast<char*>(ptr), chunk, &slot, size, align);
+        ptr = static_cast<char*>(upstream_.allocate(on, chunk, pool_granularity));
       } catch (typename Platform::out_of_memory const&) {
         if (chunk <= need) { return nullptr; }
         chunk = round_to_granule(std::max(need, chunk / 2));
+        continue;
       }
+      growths_.fetch_add(1, std::memory_order_relaxed);
+      if (capturing) {
+        if (!platform_.sync_stream(on)) {
+          upstream_.deallocate(on, ptr, chunk, pool_granularity);
+          return nullptr;
+        }
+        return add_chunk(ptr, chunk, size, align, fence_tag{}, nullptr, &slot, bytes);
+      }
+      fence_tag tag;
+      if (chunk > size) {  // a rest to list (alignment padding included)
+        auto owner = shared_from_slot(slot);
+        auto const number = owner ? record_fence(slot, stream) : std::nullopt;
+        if (!number) {  // no fence: the rest stays usable by this stream only
+          return add_chunk(ptr, chunk, size, align, fence_tag{}, &slot, &slot, bytes);
+        }
+        tag.needs.emplace_back(std::move(owner), *number);
+      }
+      return add_chunk(ptr, chunk, size, align, std::move(tag), nullptr, &slot, bytes);
     }
   }
 
-  /// Registers a new chunk; with `slot`, carves `size` at `align` from its start for that
-  /// stream (the new chunk is untagged, so no fence is needed) and lists the rest.
-  void* add_chunk(char* ptr,
+  /**
+   * @brief Registers a new chunk. With `user_slot`, carves `size` at `align` from its start
+   * for that slot's stream (listed in its live blocks with `bytes`); lists the rest with `tag`
+   * in the shared list, or in `rest_slot`'s cache when given.
+   */
+  char* add_chunk(char* ptr,
                   std::size_t chunk,
-                  slot_type* slot,
                   std::size_t size,
-                  std::size_t align = pool_granularity)
+                  std::size_t align,
+                  fence_tag const& tag,
+                  slot_type* rest_slot,
+                  slot_type* user_slot = nullptr,
+                  std::size_t bytes    = 0)
   {
     {
       std::unique_lock<std::shared_mutex> lock(chunks_mutex_);
@@ -691,47 +1091,118 @@ class stream_ordered_pool_core {
     }
     pool_bytes_.fetch_add(chunk, std::memory_order_relaxed);
     char* user = nullptr;
-    if (slot != nullptr) {
+    if (user_slot != nullptr) {
       auto const a = reinterpret_cast<std::uintptr_t>(ptr);
       user         = reinterpret_cast<char*>((a + align - 1) / align * align);
     }
-    std::lock_guard<std::mutex> lock(shared_mutex_);
+    std::pair<char*, std::size_t> rest[2];
+    std::size_t parts = 0;
     if (user == nullptr) {
-      shared_.insert(ptr, chunk, fence_tag{}, chunk_start_test());
-      return nullptr;
+      rest[parts++] = {ptr, chunk};
+    } else {
+      if (user > ptr) { rest[parts++] = {ptr, static_cast<std::size_t>(user - ptr)}; }
+      if (user + size < ptr + chunk) {
+        rest[parts++] = {user + size, static_cast<std::size_t>(ptr + chunk - (user + size))};
+      }
     }
-    if (user > ptr) {
-      shared_.insert(ptr, static_cast<std::size_t>(user - ptr), fence_tag{}, chunk_start_test());
+    if (rest_slot != nullptr) {
+      std::lock_guard<spin_mutex> lock(rest_slot->mutex);
+      for (std::size_t i = 0; i < parts; ++i) {
+        rest_slot->cache.insert(rest[i].first, rest[i].second, no_tag{}, chunk_start_test());
+      }
+    } else {
+      std::lock_guard<std::mutex> lock(shared_mutex_);
+      for (std::size_t i = 0; i < parts; ++i) {
+        shared_.insert(rest[i].first, rest[i].second, tag, chunk_start_test());
+      }
     }
-    if (user + size < ptr + chunk) {
-      shared_.insert(user + size, static_cast<std::size_t>(ptr + chunk - (user + size)),
-                     fence_tag{}, chunk_start_test());
+    if (user == nullptr) { return nullptr; }
+    {
+      std::lock_guard<spin_mutex> lock(user_slot->mutex);
+      track(*user_slot, user, bytes);
     }
-    return account(user, size);
+    return static_cast<char*>(account(user, size));
   }
 
-  /// Synchronizes the device, then moves every cache to the shared list with no fence needs.
+  /**
+   * @brief Synchronizes the device and frees from their fences the blocks that sync covers.
+   *
+   * Detaches first (under the locks) every slot's cache and every fenced shared block, then
+   * synchronizes without a lock, then lists only the detached blocks, untagged. A block freed
+   * (and fenced) by another thread after the detach keeps its cache or fence. When the sync
+   * fails (during a global-mode capture), everything goes back as it was: caches to their
+   * slots, fenced blocks with their tags.
+   */
   bool reclaim()
   {
-    if (!platform_.sync_device()) { return false; }  // fails (and changes nothing) in capture
-    reclaim_syncs_.fetch_add(1, std::memory_order_relaxed);
-    std::vector<typename free_list<no_tag>::block> blocks;
-    for_each_slot([&](slot_type& slot) {
-      std::lock_guard<spin_mutex> slot_lock(slot.mutex);
-      flush_recent(slot);
-      for (auto& b : slot.cache.take_all()) {
-        blocks.push_back(std::move(b));
+    // One reclaim at a time: a second one would find everything detached by the first and
+    // raise out-of-memory while the first still holds the blocks. It waits, then syncs again.
+    std::lock_guard<std::mutex> reclaim_lock(reclaim_mutex_);
+    struct detached_cache {
+      std::shared_ptr<slot_type> slot;
+      std::vector<std::pair<char*, std::size_t>> blocks;
+    };
+    std::vector<detached_cache> caches;
+    std::vector<typename free_list<fence_tag>::block> fenced;
+    {
+      std::shared_lock<std::shared_mutex> lock(slots_mutex_);
+      caches.reserve(slots_.size() + retired_.size());
+      auto detach = [&](std::shared_ptr<slot_type> const& slot) {
+        detached_cache d{slot, {}};
+        std::lock_guard<spin_mutex> slot_lock(slot->mutex);
+        d.blocks.reserve(slot->recent_count + slot->cache.block_count());
+        for (std::size_t i = 0; i < slot->recent_count; ++i) {
+          d.blocks.push_back(slot->recent[i]);
+        }
+        slot->recent_count = 0;
+        slot->recent_bytes = 0;
+        for (auto& b : slot->cache.take_all()) {
+          d.blocks.emplace_back(b.ptr, b.size);
+        }
+        if (!d.blocks.empty()) { caches.push_back(std::move(d)); }
+      };
+      for (auto& [id, slot] : slots_) {
+        detach(slot);
       }
-    });
-    std::lock_guard<std::mutex> lock(shared_mutex_);
-    std::vector<typename free_list<fence_tag>::block> shared_blocks = shared_.take_all();
-    for (auto& b : shared_blocks) {
-      shared_.insert(b.ptr, b.size, fence_tag{}, chunk_start_test());
+      for (auto& slot : retired_) {
+        detach(slot);
+      }
     }
-    for (auto& b : blocks) {
-      shared_.insert(b.ptr, b.size, fence_tag{}, chunk_start_test());
+    {
+      std::lock_guard<std::mutex> lock(shared_mutex_);
+      for (auto& b : shared_.take_all()) {
+        if (b.tag.needs.empty()) {
+          shared_.insert(b.ptr, b.size, fence_tag{}, chunk_start_test());
+        } else {
+          fenced.push_back(std::move(b));
+        }
+      }
     }
-    return true;
+    bool const synced = platform_.sync_device();  // fails (changes nothing) in capture
+    if (synced) { reclaim_syncs_.fetch_add(1, std::memory_order_relaxed); }
+    {
+      std::lock_guard<std::mutex> lock(shared_mutex_);
+      for (auto& b : fenced) {
+        shared_.insert(b.ptr, b.size, synced ? fence_tag{} : std::move(b.tag),
+                       chunk_start_test());
+      }
+      if (synced) {
+        for (auto const& d : caches) {
+          for (auto const& [p, n] : d.blocks) {
+            shared_.insert(p, n, fence_tag{}, chunk_start_test());
+          }
+        }
+      }
+    }
+    if (!synced) {
+      for (auto const& d : caches) {
+        std::lock_guard<spin_mutex> slot_lock(d.slot->mutex);
+        for (auto const& [p, n] : d.blocks) {
+          d.slot->cache.insert(p, n, no_tag{}, chunk_start_test());
+        }
+      }
+    }
+    return synced;
   }
 
   /// True when the shared list holds the whole chunk [ptr, ptr + size) as one block that
@@ -759,6 +1230,7 @@ class stream_ordered_pool_core {
   free_list<fence_tag> shared_;
 
   std::mutex growth_mutex_;
+  std::mutex reclaim_mutex_;  // taken before any other lock, held through the device sync
   mutable std::shared_mutex chunks_mutex_;
   std::map<char*, std::size_t> chunks_;
 
@@ -771,6 +1243,7 @@ class stream_ordered_pool_core {
   std::atomic<std::uint64_t> stream_waits_{};
   std::atomic<std::uint64_t> reclaim_syncs_{};
   std::atomic<std::uint64_t> retired_count_{};
+  std::atomic<std::uint64_t> rejected_frees_{};
 };
 
 }  // namespace rmm_fences::detail

@@ -85,6 +85,21 @@ class stream_ordered_pool_memory_resource_impl {
     core_.deallocate(stream, ptr, bytes, alignment);
   }
 
+  /**
+   * @brief `deallocate` that tells what it found: 0 freed, 1 not a live block of this pool
+   * (double free or foreign pointer), 2 size mismatch (`allocated_bytes` set), 3 a stream of
+   * another device. A refused free changes nothing (and is counted in `rejected_frees`).
+   */
+  [[nodiscard]] int deallocate_checked(cuda::stream_ref stream,
+                                       void* ptr,
+                                       std::size_t bytes,
+                                       std::size_t* allocated_bytes) noexcept
+  {
+    auto const r = core_.deallocate_checked(stream, ptr, bytes);
+    if (allocated_bytes != nullptr) { *allocated_bytes = r.allocated_bytes; }
+    return static_cast<int>(r.status);
+  }
+
   [[nodiscard]] void* allocate_sync(std::size_t bytes,
                                     std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
   {

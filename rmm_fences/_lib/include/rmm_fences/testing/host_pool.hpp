@@ -2,19 +2,37 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * The stream-ordered pool's policy core on host memory with logged fences (CPU tests only).
+ *
+ * The platform is thread-safe and can inject faults: records, stream waits and syncs that fail,
+ * a capture in progress on any stream (with a capture id that forked streams share), streams
+ * that report one identity, streams of another device, and a callback run inside
+ * `sync_device` (another thread's free landing while the device synchronizes).
+ *
+ * An oracle checks every allocation and every chunk returned upstream: no block reaches a
+ * stream other than the one that freed it without a wait on a fence recorded at or after that
+ * free (or a device sync, or a sync of the freeing stream, after it), and no two live blocks
+ * overlap. Memory of a new chunk counts as freed on the stream the upstream allocated it on
+ * (a shared stream-ordered upstream orders its previous user's work only on that stream).
  */
 #pragma once
 
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
+#include <random>
 #include <set>
+#include <sstream>
+#include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -25,19 +43,126 @@ struct pool_host_out_of_memory : std::bad_alloc {
   [[nodiscard]] char const* what() const noexcept override { return "host upstream: limit"; }
 };
 
+/// The pool-owned stream of the host platform (growth during capture, chunks returned).
+inline constexpr std::uint64_t host_private_stream = 0xFFFF'FF00ULL;
+
 /**
  * @brief What the pool did with fences, against a logical clock the harness advances once per
  * call: records (fence, stream, clock), stream waits (waiter, recording stream, clock of the
- * record waited on), device syncs (clock).
+ * record waited on), device syncs (clock), stream syncs (stream, clock), upstream calls.
+ * Every member is guarded by `mutex` (the clock is atomic).
  */
 struct pool_log {
-  std::uint64_t clock{};
+  mutable std::mutex mutex;
+  std::atomic<std::uint64_t> clock{};
   std::vector<std::uint64_t> fence_stream;  // fence index -> stream it was last recorded on
   std::vector<std::uint64_t> fence_clock;   // fence index -> clock of its last record
   std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> waits;
   std::vector<std::uint64_t> syncs;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> stream_syncs;  // (stream, clock)
   std::set<std::uint64_t> capturing;
+  std::map<std::uint64_t, std::uint64_t> capture_ids;  // capturing stream -> capture id
+  std::map<std::uint64_t, std::uint64_t> aliases;      // stream -> the identity it reports
+  std::set<std::uint64_t> foreign;                     // streams of another device
   std::uint64_t records{};
+  // Fault injection: the next N calls of each kind fail.
+  int fail_records{};
+  int fail_waits{};
+  int fail_syncs{};
+  int fail_stream_syncs{};
+  std::function<void()> sync_hook;  // run once inside the next successful sync_device
+  // Upstream calls: (allocate?, address, bytes, stream, clock).
+  std::vector<std::tuple<bool, std::uintptr_t, std::size_t, std::uint64_t, std::uint64_t>>
+    upstream_calls;
+
+  // --- the oracle ------------------------------------------------------------------------
+  struct freed_range {
+    std::uintptr_t end;
+    std::uint64_t stream;
+    std::uint64_t clock;
+  };
+  std::map<std::uintptr_t, freed_range> freed;  // start -> range freed and not yet reused
+  std::map<std::uintptr_t, std::pair<std::size_t, std::size_t>> live;  // ptr -> (bytes, size)
+  std::vector<std::string> violations;
+
+  std::uint64_t tick() noexcept { return clock.fetch_add(1, std::memory_order_relaxed) + 1; }
+  std::uint64_t now() const noexcept { return clock.load(std::memory_order_relaxed); }
+
+  /// True when `waiter` is ordered after `stream`'s work up to `at` (caller holds mutex).
+  [[nodiscard]] bool ordered_after(std::uint64_t waiter,
+                                   std::uint64_t stream,
+                                   std::uint64_t at) const
+  {
+    if (waiter == stream) { return true; }
+    for (auto s : syncs) {
+      if (s >= at) { return true; }
+    }
+    for (auto const& [s, c] : stream_syncs) {
+      if (s == stream && c >= at) { return true; }
+    }
+    for (auto const& [w, s, c] : waits) {
+      if (w == waiter && s == stream && c >= at) { return true; }
+    }
+    return false;
+  }
+
+  void violation(std::string what)
+  {
+    if (violations.size() < 20) { violations.push_back(std::move(what)); }
+  }
+
+  /// Checks memory [p, p + n) handed to `stream` against every earlier free it overlaps and
+  /// forgets those frees (caller holds mutex).
+  void hand_over(std::uintptr_t p, std::size_t n, std::uint64_t stream, char const* what)
+  {
+    auto const end = p + n;
+    auto it        = freed.lower_bound(p);
+    if (it != freed.begin() && std::prev(it)->second.end > p) { --it; }
+    while (it != freed.end() && it->first < end) {
+      auto const [start, range] = *it;
+      it                        = freed.erase(it);
+      if (!ordered_after(stream, range.stream, range.clock)) {
+        std::ostringstream os;
+        os << what << " [0x" << std::hex << p << ", 0x" << end << std::dec << ") to stream "
+           << stream << " overlaps bytes freed on stream " << range.stream << " at clock "
+           << range.clock << " with no wait on a later fence of it nor a sync after it";
+        violation(os.str());
+      }
+      if (start < p) { freed[start] = {p, range.stream, range.clock}; }
+      if (range.end > end) { freed[end] = {range.end, range.stream, range.clock}; }
+    }
+  }
+
+  void claim(void* ptr, std::size_t bytes, std::size_t size, std::uint64_t stream)
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto const p = reinterpret_cast<std::uintptr_t>(ptr);
+    auto next    = live.lower_bound(p);
+    bool overlap = next != live.end() && next->first < p + size;
+    if (next != live.begin()) {
+      auto prev = std::prev(next);
+      overlap   = overlap || prev->first + prev->second.second > p;
+    }
+    if (overlap) {
+      std::ostringstream os;
+      os << "allocation 0x" << std::hex << p << std::dec << " (" << size
+         << " bytes) overlaps a live block";
+      violation(os.str());
+    }
+    hand_over(p, size, stream, "allocation");
+    live[p] = {bytes, size};
+  }
+
+  /// A user free of a live block (as the oracle knows it); other frees are ignored.
+  void note_free(void* ptr, std::size_t bytes, std::uint64_t stream, std::uint64_t at)
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto const p = reinterpret_cast<std::uintptr_t>(ptr);
+    auto it      = live.find(p);
+    if (it == live.end() || it->second.first != bytes) { return; }
+    freed[p] = {p + it->second.second, stream, at};
+    live.erase(it);
+  }
 };
 
 /// `stream_ordered_pool_core`'s platform over a `pool_log`; streams are their own ids.
@@ -49,10 +174,23 @@ class host_pool_platform {
 
   explicit host_pool_platform(std::shared_ptr<pool_log> log) : log_{std::move(log)} {}
 
-  static std::uint64_t stream_id(stream_type s) noexcept { return s; }
+  /// As the CUDA platform: a capturing stream is told apart by (capture id, stream).
+  std::uint64_t stream_id(stream_type s) const noexcept
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    if (log_->capturing.count(s) > 0) {
+      auto it = log_->capture_ids.find(s);
+      if (it != log_->capture_ids.end()) {
+        return rmm_fences::detail::capturing_stream_identity(it->second, s);
+      }
+    }
+    if (auto it = log_->aliases.find(s); it != log_->aliases.end()) { return it->second; }
+    return s;
+  }
 
   fence_type create_fence()
   {
+    std::lock_guard<std::mutex> lock(log_->mutex);
     log_->fence_stream.push_back(0);
     log_->fence_clock.push_back(0);
     return log_->fence_stream.size() - 1;
@@ -61,14 +199,24 @@ class host_pool_platform {
 
   bool record(fence_type f, stream_type s) noexcept
   {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    if (log_->fail_records > 0) {
+      --log_->fail_records;
+      return false;
+    }
     log_->fence_stream[f] = s;
-    log_->fence_clock[f]  = log_->clock;
+    log_->fence_clock[f]  = log_->now();
     ++log_->records;
     return true;
   }
 
   bool stream_wait(stream_type waiter, fence_type f) noexcept
   {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    if (log_->fail_waits > 0) {
+      --log_->fail_waits;
+      return false;
+    }
     try {
       log_->waits.emplace_back(waiter, log_->fence_stream[f], log_->fence_clock[f]);
     } catch (...) {
@@ -77,16 +225,53 @@ class host_pool_platform {
     return true;
   }
 
-  bool is_capturing(stream_type s) noexcept { return log_->capturing.count(s) > 0; }
+  bool is_capturing(stream_type s) noexcept
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    return log_->capturing.count(s) > 0;
+  }
 
+  /// Fails while any stream captures (as in the global capture mode) or when told to; runs
+  /// the hook after the synchronization point, outside the log's lock.
   bool sync_device() noexcept
   {
-    if (!log_->capturing.empty()) { return false; }
-    log_->syncs.push_back(log_->clock);
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> lock(log_->mutex);
+      if (log_->fail_syncs > 0) {
+        --log_->fail_syncs;
+        return false;
+      }
+      if (!log_->capturing.empty()) { return false; }
+      log_->syncs.push_back(log_->now());
+      hook.swap(log_->sync_hook);
+    }
+    if (hook) { hook(); }
     return true;
   }
 
+  bool sync_stream(stream_type s) noexcept
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    if (log_->fail_stream_syncs > 0) {
+      --log_->fail_stream_syncs;
+      return false;
+    }
+    if (log_->capturing.count(s) > 0) { return false; }
+    log_->stream_syncs.emplace_back(s, log_->now());
+    return true;
+  }
+
+  /// False for a stream marked as belonging to another device.
+  bool stream_on_device(stream_type s) noexcept
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    return log_->foreign.count(s) == 0;
+  }
+
   static stream_type default_stream() noexcept { return 0; }
+  static stream_type private_stream() noexcept { return host_private_stream; }
+  static void destroy_private_stream() noexcept {}
 
   struct no_scope {};
   static no_scope relax() noexcept { return {}; }
@@ -96,14 +281,20 @@ class host_pool_platform {
     throw pool_host_out_of_memory{};
   }
 
+  static void report_rejected_free(char const* line) noexcept { (void)line; }
+
  private:
   std::shared_ptr<pool_log> log_;
 };
 
-/// Host chunks with a byte limit (the pool's upstream in the tests).
+/// Host chunks with a byte limit (the pool's upstream in the tests); logs the stream of each
+/// call and tells the oracle (a chunk's bytes count as freed on that stream).
 class host_chunk_upstream {
  public:
-  explicit host_chunk_upstream(std::size_t limit) : limit_{limit} {}
+  host_chunk_upstream(std::size_t limit, std::shared_ptr<pool_log> log)
+    : limit_{limit}, log_{std::move(log)}, mutex_{std::make_unique<std::mutex>()}
+  {
+  }
   host_chunk_upstream(host_chunk_upstream&&) noexcept = default;
   ~host_chunk_upstream()
   {
@@ -112,18 +303,33 @@ class host_chunk_upstream {
     }
   }
 
-  void* allocate(std::uint64_t, std::size_t bytes, std::size_t alignment)
+  void* allocate(std::uint64_t stream, std::size_t bytes, std::size_t alignment)
   {
+    std::lock_guard<std::mutex> guard(*mutex_);
     if (used_ + bytes > limit_) { throw pool_host_out_of_memory{}; }
     void* p = std::aligned_alloc(alignment, bytes);
     if (p == nullptr) { throw std::bad_alloc{}; }
     used_ += bytes;
     live_[p] = bytes;
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    auto const a  = reinterpret_cast<std::uintptr_t>(p);
+    auto const at = log_->now();
+    log_->upstream_calls.emplace_back(true, a, bytes, stream, at);
+    // The previous user's work on these bytes is ordered only on `stream`.
+    log_->hand_over(a, bytes, stream, "upstream chunk");
+    log_->freed[a] = {a + bytes, stream, at};
     return p;
   }
 
-  void deallocate(std::uint64_t, void* p, std::size_t bytes, std::size_t) noexcept
+  void deallocate(std::uint64_t stream, void* p, std::size_t bytes, std::size_t) noexcept
   {
+    std::lock_guard<std::mutex> guard(*mutex_);
+    {
+      std::lock_guard<std::mutex> lock(log_->mutex);
+      auto const a = reinterpret_cast<std::uintptr_t>(p);
+      log_->upstream_calls.emplace_back(false, a, bytes, stream, log_->now());
+      log_->hand_over(a, bytes, stream, "chunk returned upstream");
+    }
     used_ -= bytes;
     live_.erase(p);
     std::free(p);
@@ -134,6 +340,8 @@ class host_chunk_upstream {
 
  private:
   std::size_t limit_;
+  std::shared_ptr<pool_log> log_;
+  std::unique_ptr<std::mutex> mutex_;
   std::size_t used_{};
   std::map<void*, std::size_t> live_;
 };
@@ -146,34 +354,165 @@ class host_pool {
  public:
   host_pool(std::size_t initial, std::optional<std::size_t> maximum, std::size_t upstream_limit)
     : log_{std::make_shared<pool_log>()},
-      core_{host_chunk_upstream{upstream_limit}, initial, maximum, log_}
+      core_{host_chunk_upstream{upstream_limit, log_}, initial, maximum, log_}
   {
   }
   ~host_pool() { core_.shutdown(true); }
 
   void* allocate(std::uint64_t stream, std::size_t bytes, std::size_t alignment)
   {
-    ++log_->clock;
-    return core_.allocate(stream, bytes, alignment);
+    log_->tick();
+    void* p = core_.allocate(stream, bytes, alignment);
+    log_->claim(p, bytes, rmm_fences::detail::round_to_granule(bytes), stream);
+    return p;
   }
-  void deallocate(std::uint64_t stream, void* p, std::size_t bytes)
+
+  /// The checked free: 0 done, 1 not a live block, 2 size mismatch (`allocated` set).
+  int deallocate(std::uint64_t stream, void* p, std::size_t bytes, std::size_t* allocated)
   {
-    ++log_->clock;
+    auto const at = log_->tick();
+    auto const r  = core_.deallocate_checked(stream, p, bytes);
+    if (r.status == rmm_fences::detail::free_status::done) {
+      log_->note_free(p, bytes, stream, at);
+    }
+    if (allocated != nullptr) { *allocated = r.allocated_bytes; }
+    return static_cast<int>(r.status);
+  }
+
+  /// The noexcept free (what rmm's resource_ref calls).
+  void deallocate_unchecked(std::uint64_t stream, void* p, std::size_t bytes)
+  {
+    auto const at = log_->tick();
+    // The oracle notes the free first: once listed, another thread may take the block.
+    log_->note_free(p, bytes, stream, at);
     core_.deallocate(stream, p, bytes, 256);
   }
+
   void retire(std::uint64_t stream)
   {
-    ++log_->clock;
+    log_->tick();
     core_.retire_stream(stream);
   }
   std::size_t release()
   {
-    ++log_->clock;
+    log_->tick();
     return core_.release();
+  }
+
+  void begin_capture(std::uint64_t stream, std::uint64_t capture_id)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->capturing.insert(stream);
+    log_->capture_ids[stream] = capture_id;
+  }
+  void end_capture(std::uint64_t stream)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->capturing.erase(stream);
+    log_->capture_ids.erase(stream);
+  }
+  void alias(std::uint64_t stream, std::uint64_t identity)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->aliases[stream] = identity;
+  }
+  void mark_foreign(std::uint64_t stream)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->foreign.insert(stream);
+  }
+  /// The next `n` calls of `kind` (0 record, 1 stream wait, 2 device sync, 3 stream sync) fail.
+  void fail_next(int kind, int n)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    (kind == 0 ? log_->fail_records
+               : kind == 1 ? log_->fail_waits
+                           : kind == 2 ? log_->fail_syncs : log_->fail_stream_syncs) = n;
+  }
+
+  /// Inside the next device sync, "another thread" frees `p` on `stream` (after the sync
+  /// point); returns through `free_clock` the clock of that free.
+  void free_inside_next_sync(std::uint64_t stream, void* p, std::size_t bytes)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->sync_hook = [this, stream, p, bytes] {
+      hook_free_clock_ = log_->tick();
+      log_->note_free(p, bytes, stream, hook_free_clock_);
+      core_.deallocate(stream, p, bytes, 256);
+    };
+  }
+  [[nodiscard]] std::uint64_t hook_free_clock() const noexcept { return hook_free_clock_; }
+
+  /**
+   * @brief Real threads: each thread allocates, frees (mostly on its own stream, sometimes on
+   * a neighbour's), retires, releases and runs out of memory against a bounded pool, with
+   * faults injected now and then. Runs without the GIL; the oracle records violations.
+   * @return operations that raised out-of-memory
+   */
+  std::size_t run_threads(int threads, int iterations, std::uint64_t seed)
+  {
+    std::atomic<std::size_t> ooms{};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([this, t, threads, iterations, seed, &ooms] {
+        std::mt19937_64 rng(seed * 1000003 + static_cast<std::uint64_t>(t));
+        std::uint64_t const own = static_cast<std::uint64_t>(t) + 1;
+        std::vector<std::pair<void*, std::size_t>> mine;
+        for (int i = 0; i < iterations; ++i) {
+          auto const r = rng() % 100;
+          if (r < 45 || mine.empty()) {
+            std::size_t const bytes =
+              (rng() % 4 == 0) ? (std::size_t{1} << (12 + rng() % 8)) : 256 * (1 + rng() % 64);
+            try {
+              mine.emplace_back(allocate(own, bytes, 256), bytes);
+            } catch (pool_host_out_of_memory const&) {
+              ++ooms;
+            }
+          } else if (r < 90) {
+            auto const k = rng() % mine.size();
+            auto [p, n]  = mine[k];
+            mine[k]      = mine.back();
+            mine.pop_back();
+            // Mostly on its own stream; sometimes on the next thread's (its user work was
+            // ordered there).
+            auto const s = (rng() % 8 == 0) ? (own % threads) + 1 : own;
+            deallocate_unchecked(s, p, n);
+          } else if (r < 93) {
+            release();
+          } else if (r < 95) {
+            retire(own);
+          } else if (r < 97) {
+            fail_next(static_cast<int>(rng() % 4), 1);
+          } else {
+            // Run into the limit: allocate more than is left, which reclaims (device sync).
+            try {
+              auto const big = std::size_t{3} << 20;
+              void* p        = allocate(own, big, 256);
+              deallocate_unchecked(own, p, big);
+            } catch (pool_host_out_of_memory const&) {
+              ++ooms;
+            }
+          }
+        }
+        for (auto const& [p, n] : mine) {
+          deallocate_unchecked(own, p, n);
+        }
+      });
+    }
+    for (auto& th : pool) {
+      th.join();
+    }
+    return ooms.load();
   }
 
   core_type& core() noexcept { return core_; }
   pool_log& log() noexcept { return *log_; }
+
+  std::vector<std::string> violations()
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    return log_->violations;
+  }
 
   /// Free blocks as (address, size, owner stream or 0 for shared).
   std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t>> free_blocks()
@@ -197,6 +536,7 @@ class host_pool {
  private:
   std::shared_ptr<pool_log> log_;
   core_type core_;
+  std::uint64_t hook_free_clock_{};
 };
 
 }  // namespace rmm_fences::testing
