@@ -1,0 +1,76 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The bodies of the asv alloc/free and thread benchmarks, once, as JSON on stdout.
+
+Runs whatever rmm_fences is importable, so two builds can be compared in one session on the
+GPU host (run it once per build, alternating, and compare the ratios against rmm's pool that
+each run measured itself):
+
+    PYTHONPATH=/tmp/old python3 -P tools/alloc_free_snapshot.py --label before > before.json
+    PYTHONPATH=/tmp/new python3 -P tools/alloc_free_snapshot.py --label after > after.json
+
+The chains and sizes are asv_bench's (asv_bench/benchmarks/_common.py, alloc_free.py,
+throughput.py); only the repetition counts are smaller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "asv_bench"))
+
+from benchmarks._common import CHAINS, make, streams  # noqa: E402
+
+DEFAULT_CHAINS = ["rmm_fences_pool", "rmm_pool", "cuda_async", "sync_on_free_deferred",
+                  "tracking_pool"]
+SIZES = [256, 1 << 20, 64 << 20]
+
+
+def python_pair_us(mr, nbytes, stream, pairs=1000, rounds=5):
+    mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
+    best = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(pairs):
+            mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
+        best.append((time.perf_counter() - t0) / pairs * 1e6)
+    return statistics.median(best)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--chains", nargs="*", default=DEFAULT_CHAINS)
+    args = ap.parse_args(argv)
+
+    import rmm_fences
+    from rmm_fences.bench import alloc_free_ns, threaded_alloc_free
+
+    out = {"label": args.label, "rmm_fences": rmm_fences.__file__, "results": {}}
+    for chain in args.chains:
+        mr = make(chain)
+        _, (stream,) = streams()
+        cupy_streams, _ = streams(8)
+        row = {}
+        for nbytes in SIZES:
+            row[f"native_pair_ns_{nbytes}"] = statistics.median(
+                alloc_free_ns(mr, nbytes, 20000, stream) for _ in range(3))
+            row[f"python_pair_us_{nbytes}"] = python_pair_us(mr, nbytes, stream)
+        for threads in (1, 8):
+            row[f"threads_{threads}_pairs_per_s"] = statistics.median(
+                threaded_alloc_free(mr, 1 << 20, 20000, cupy_streams[:threads])
+                for _ in range(3))
+        out["results"][chain] = row
+        print(f"{args.label} {chain}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()),
+              file=sys.stderr)
+        del mr
+    json.dump(out, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
