@@ -377,6 +377,25 @@ class host_upstream {
     return last_use.emplace(p, use).second;
   }
 
+  /// True while `p` was freed (noted) and not released yet.
+  [[nodiscard]] bool noted(std::uintptr_t p) const
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    return last_use.count(p) > 0;
+  }
+
+  /// The noted (pending) addresses.
+  [[nodiscard]] std::vector<std::uintptr_t> noted_all() const
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    std::vector<std::uintptr_t> out;
+    out.reserve(last_use.size());
+    for (auto const& [p, use] : last_use) {
+      out.push_back(p);
+    }
+    return out;
+  }
+
   void forget_last_use(std::uintptr_t p)
   {
     std::lock_guard<std::mutex> lock(*mutex_);
@@ -511,14 +530,16 @@ class host_sync_on_free {
     core_.deallocate(stream, ptr, bytes, align);
   }
 
-  [[nodiscard]] bool is_pending(void* ptr) { return pending_set().count(ptr) > 0; }
+  [[nodiscard]] bool is_pending(void* ptr)
+  {
+    return core_.upstream().noted(reinterpret_cast<std::uintptr_t>(ptr));
+  }
 
   std::set<void*> pending_set()
   {
-    // Rebuilt from the upstream log: pending = freed (noted) and not released.
+    // Rebuilt from the upstream log (under its lock): pending = freed (noted), not released.
     std::set<void*> out;
-    std::lock_guard<std::recursive_mutex> lock(board_->m);
-    for (auto const& [p, use] : core_.upstream().last_use) {
+    for (auto p : core_.upstream().noted_all()) {
       out.insert(reinterpret_cast<void*>(p));
     }
     return out;
