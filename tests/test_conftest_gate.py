@@ -1,20 +1,28 @@
 # SPDX-License-Identifier: Apache-2.0
 """tests/conftest.py's gate: under RMM_FENCES_REQUIRE_GPU=1 a ``gpu`` test that skips fails.
 
-Runs the repository's conftest against small generated test files (pytester, in process), with
-the device probe patched to "no device" where the case needs it, so it runs the same on a
-machine with or without a GPU.
+Runs the repository's conftest against small generated test files (pytester, each run in a
+subprocess: an in-process run drops the modules it imported from ``sys.modules`` afterwards,
+which breaks later imports such as ``dask.array``), with the device probe set by
+``GATE_DEVICES`` where the case needs it, so it runs the same on a machine with or without a
+GPU.
 """
 
 import pathlib
 
 import pytest
 
-import rmm_fences._cuda
-
 pytest_plugins = ["pytester"]
 
-CONFTEST = (pathlib.Path(__file__).parent / "conftest.py").read_text()
+# The device probe the repository's conftest imports, set from GATE_DEVICES before it does.
+PROBE = """
+import os
+import rmm_fences._cuda as _cuda
+if "GATE_DEVICES" in os.environ:
+    _cuda.device_count = lambda: int(os.environ["GATE_DEVICES"])
+    _cuda.no_device_reason = lambda: "no CUDA device found"
+"""
+CONFTEST = PROBE + (pathlib.Path(__file__).parent / "conftest.py").read_text()
 INI = """
 [pytest]
 markers =
@@ -55,13 +63,12 @@ def gate(pytester, monkeypatch):
 
 @pytest.fixture
 def no_device(monkeypatch):
-    monkeypatch.setattr(rmm_fences._cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(rmm_fences._cuda, "no_device_reason", lambda: "no CUDA device found")
+    monkeypatch.setenv("GATE_DEVICES", "0")
 
 
 def test_without_the_variable_gpu_tests_skip_where_no_device_is_found(gate, no_device):
     gate.makepyfile(test_sample_gpu=GPU_TESTS)
-    result = gate.runpytest("-rs")
+    result = gate.runpytest_subprocess("-rs")
     result.assert_outcomes(passed=1, skipped=4)  # the xfail test is skipped before it runs
     result.stdout.fnmatch_lines(["*needs a CUDA GPU: no CUDA device found*"])
 
@@ -69,7 +76,7 @@ def test_without_the_variable_gpu_tests_skip_where_no_device_is_found(gate, no_d
 def test_under_the_variable_a_gpu_test_without_a_device_fails(gate, no_device, monkeypatch):
     monkeypatch.setenv("RMM_FENCES_REQUIRE_GPU", "1")
     gate.makepyfile(test_sample_gpu=GPU_TESTS)
-    result = gate.runpytest("-rA")
+    result = gate.runpytest_subprocess("-rA")
     # every gpu test fails in setup (an error); cpu tests pass or skip as before
     result.assert_outcomes(passed=1, skipped=1, errors=3)
     result.stdout.fnmatch_lines([
@@ -78,10 +85,10 @@ def test_under_the_variable_a_gpu_test_without_a_device_fails(gate, no_device, m
 
 
 def test_under_the_variable_a_run_time_skip_of_a_gpu_test_fails(gate, monkeypatch):
-    monkeypatch.setattr(rmm_fences._cuda, "device_count", lambda: 1)  # as on the GPU host
+    monkeypatch.setenv("GATE_DEVICES", "1")  # as on the GPU host
     monkeypatch.setenv("RMM_FENCES_REQUIRE_GPU", "1")
     gate.makepyfile(test_sample_gpu=GPU_TESTS)
-    result = gate.runpytest("-rA")
+    result = gate.runpytest_subprocess("-rA")
     result.assert_outcomes(passed=2, failed=1, skipped=1, xfailed=1)
     result.stdout.fnmatch_lines([
         "*test_skips_at_run_time*",
@@ -91,15 +98,15 @@ def test_under_the_variable_a_run_time_skip_of_a_gpu_test_fails(gate, monkeypatc
 
 
 def test_run_time_skip_of_a_gpu_test_is_a_skip_without_the_variable(gate, monkeypatch):
-    monkeypatch.setattr(rmm_fences._cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("GATE_DEVICES", "1")
     gate.makepyfile(test_sample_gpu=GPU_TESTS)
-    result = gate.runpytest()
+    result = gate.runpytest_subprocess()
     result.assert_outcomes(passed=2, skipped=2, xfailed=1)
     assert result.ret == 0
 
 
 def test_under_the_variable_a_skipped_gpu_module_fails(gate, monkeypatch):
-    monkeypatch.setattr(rmm_fences._cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("GATE_DEVICES", "1")
     monkeypatch.setenv("RMM_FENCES_REQUIRE_GPU", "1")
     gate.makepyfile(test_other_gpu="""
         import pytest
@@ -109,11 +116,11 @@ def test_under_the_variable_a_skipped_gpu_module_fails(gate, monkeypatch):
         def test_never_collected():
             pass
     """, test_cpu="def test_cpu():\n    pass\n")
-    result = gate.runpytest()
+    result = gate.runpytest_subprocess()
     result.stdout.fnmatch_lines([
         "*test_other_gpu.py skipped while RMM_FENCES_REQUIRE_GPU=1*a_module_that_is_not_installed*"])
     assert result.ret != 0
     monkeypatch.delenv("RMM_FENCES_REQUIRE_GPU")
-    result = gate.runpytest()
+    result = gate.runpytest_subprocess()
     result.assert_outcomes(passed=1, skipped=1)
     assert result.ret == 0

@@ -279,9 +279,16 @@ def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, sc
     same = sum(b in blocks for b in taken)
     print(f"\nsync_on_free(naive_cache(cuda), mode={mode}) with a global capture elsewhere: "
           f"{corrupted}/{trials} corrupted, {same} blocks reused, {mr.stats}")
-    assert "error" not in result, f"the other thread's capture failed: {result['error']!r}"
-    assert result["errors"] == 0
     assert corrupted == 0, f"{corrupted}/{trials} checksums corrupted"
+    if mode == "device":
+        # A device synchronization conflicts with any capture under way, in every capture mode
+        # (cudaFree's own sync does too): the attempt invalidates the other thread's capture.
+        # The block stays safe: the failed sync falls back to a fence.
+        assert mr.stats["failed_syncs"] == trials
+        assert "error" not in result or "StreamCaptureInvalidated" in repr(result["error"])
+    else:
+        assert "error" not in result, f"the other thread's capture failed: {result['error']!r}"
+        assert result["errors"] == 0
     for b in taken:
         mr.deallocate(b, nbytes, r2)
     mr.flush()
