@@ -9,7 +9,9 @@ each run measured itself):
     PYTHONPATH=/tmp/new python3 -P tools/alloc_free_snapshot.py --label after > after.json
 
 The chains and sizes are asv_bench's (asv_bench/benchmarks/_common.py, alloc_free.py,
-throughput.py); only the repetition counts are smaller.
+throughput.py); only the repetition counts are smaller. ``--compare BEFORE... -- AFTER...``
+prints a markdown table of the snapshots (round by round, and as ratios against rmm's pool of
+the same snapshot).
 """
 
 from __future__ import annotations
@@ -41,7 +43,38 @@ def python_pair_us(mr, nbytes, stream, pairs=1000, rounds=5):
     return statistics.median(best)
 
 
+COMPARED = ["native_pair_ns_256", "native_pair_ns_1048576", "native_pair_ns_67108864",
+            "python_pair_us_1048576", "threads_1_pairs_per_s", "threads_8_pairs_per_s"]
+
+
+def compare(before_files, after_files):
+    """Markdown: per chain and measure, each round's before -> after, and the mean ratio
+    against rmm's pool of the same snapshot before and after."""
+    load = lambda fs: [json.load(open(f))["results"] for f in fs]  # noqa: E731
+    before, after = load(before_files), load(after_files)
+    rounds = " | ".join(f"round {i + 1}" for i in range(len(before)))
+    print(f"| chain | measure | {rounds} | / rmm_pool before | / rmm_pool after |")
+    print("|---|---|" + "---:|" * (len(before) + 2))
+    for chain in before[0]:
+        if chain == "rmm_pool":
+            continue
+        for key in COMPARED:
+            cells = " | ".join(f"{b[chain][key]:.4g} -> {a[chain][key]:.4g}"
+                               for b, a in zip(before, after))
+            rb = statistics.mean(b[chain][key] / b["rmm_pool"][key] for b in before)
+            ra = statistics.mean(a[chain][key] / a["rmm_pool"][key] for a in after)
+            print(f"| {chain} | {key} | {cells} | {rb:.3f} | {ra:.3f} |")
+    for key in COMPARED:
+        cells = " | ".join(f"{b['rmm_pool'][key]:.4g} -> {a['rmm_pool'][key]:.4g}"
+                           for b, a in zip(before, after))
+        print(f"| rmm_pool (peer) | {key} | {cells} | 1 | 1 |")
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--compare":
+        split = argv.index("--")
+        return compare(argv[1:split], argv[split + 1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--label", required=True)
     ap.add_argument("--chains", nargs="*", default=DEFAULT_CHAINS)
