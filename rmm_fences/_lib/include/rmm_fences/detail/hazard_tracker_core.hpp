@@ -541,6 +541,26 @@ class hazard_tracker_core {
     return static_cast<std::size_t>(ptr >> 8U) & (recently_freed_slots - 1);
   }
 
+  /// A hazard seen at the free of the live `block` at `ptr` on the stream `free_key`.
+  static hazard_record free_hazard(hazard_kind kind,
+                                   std::uintptr_t ptr,
+                                   live_block const& block,
+                                   std::uintptr_t free_key,
+                                   std::vector<std::uintptr_t> streams,
+                                   std::shared_ptr<stack_trace const> const& stack)
+  {
+    hazard_record hazard{};
+    hazard.kind             = kind;
+    hazard.ptr              = ptr;
+    hazard.size             = block.size;
+    hazard.tracked_size     = block.size;
+    hazard.stream           = free_key;
+    hazard.streams          = std::move(streams);
+    hazard.stack            = stack;
+    hazard.allocation_stack = block.stack;
+    return hazard;
+  }
+
   static bool declares(live_block const& block, std::uintptr_t key)
   {
     return std::find(block.declared.begin(), block.declared.end(), key) != block.declared.end();
@@ -627,15 +647,8 @@ class hazard_tracker_core {
         }
       }
       if (!in_flight.empty()) {
-        hazard_record hazard{};
-        hazard.kind             = hazard_kind::freed_in_flight;
-        hazard.ptr              = ptr;
-        hazard.size             = block.size;
-        hazard.tracked_size     = block.size;
-        hazard.stream           = free_key;
-        hazard.streams          = std::move(in_flight);
-        hazard.stack            = stack;
-        hazard.allocation_stack = block.stack;
+        auto hazard = free_hazard(
+          hazard_kind::freed_in_flight, ptr, block, free_key, std::move(in_flight), stack);
         if (stopped != nullptr) {
           hazard.raised = true;
           *stopped      = note_locked(std::move(hazard), notices);
@@ -726,16 +739,9 @@ class hazard_tracker_core {
   {
     if (unreachable.empty()) { return; }
     stats_.unchecked += unreachable.size();
-    hazard_record hazard{};
-    hazard.kind             = hazard_kind::cross_stream_free;
-    hazard.ptr              = ptr;
-    hazard.size             = block.size;
-    hazard.tracked_size     = block.size;
-    hazard.stream           = free_key;
-    hazard.streams          = std::move(unreachable);
-    hazard.stack            = stack;
-    hazard.allocation_stack = block.stack;
-    note_locked(std::move(hazard), notices);
+    note_locked(free_hazard(hazard_kind::cross_stream_free, ptr, block, free_key,
+                            std::move(unreachable), stack),
+                notices);
   }
 
   /// A freed range overlapping [ptr, ptr + bytes) with an unfinished fence of another stream.

@@ -347,7 +347,11 @@ class sync_on_free_core {
     }
     switch (mode_) {
       case rmm_fences::mr::sync_mode::device:
-        if (!platform_.sync_device()) {
+      case rmm_fences::mr::sync_mode::stream: {
+        bool const synced = mode_ == rmm_fences::mr::sync_mode::device
+                              ? platform_.sync_device()
+                              : platform_.sync_stream(stream);
+        if (!synced) {
           count_failures(1);
           defer(stream, block, /*sync_if_no_fence=*/false);
           return;
@@ -355,15 +359,7 @@ class sync_on_free_core {
         count_syncs(1);
         remember_stream(stream);
         break;
-      case rmm_fences::mr::sync_mode::stream:
-        if (!platform_.sync_stream(stream)) {
-          count_failures(1);
-          defer(stream, block, /*sync_if_no_fence=*/false);
-          return;
-        }
-        count_syncs(1);
-        remember_stream(stream);
-        break;
+      }
       case rmm_fences::mr::sync_mode::deferred:
         defer(stream, block, /*sync_if_no_fence=*/true);
         return;
