@@ -5,7 +5,10 @@
 # test suite (GPU tests included) and the demo; logs go to $OUT when it is set.
 # Switches (environment): SKIP_BENCH (no demo, no pool-bench), SKIP_TRACKING_BENCH,
 # REDUCE_BENCH (P5/P6), DOCTOR (doctor --quick with JSON and PNG), ASV=<commit hash> (the asv
-# suite; results copied to $OUT/asv-results for `asv publish` where the git repo is).
+# suite; results copied to $OUT/asv-results for `asv publish` where the git repo is),
+# TEST_DEADLINE=<seconds> (default 420: a test run still going then gets its native stacks
+# dumped with cuda-gdb into $OUT/hang_bt.txt and is killed; faulthandler prints the Python
+# stacks of a test that runs over 120 s). Failures are printed as they happen (instafail).
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -19,8 +22,24 @@ python3 -P -c "import rmm, cupy, rmm_fences; print('rmm', rmm.__version__, 'cupy
 # -P: the source tree (without the compiled extension) must not shadow the installed package.
 rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -P -m pytest -p no:cacheprovider -rs -s "$@" 2>&1 | tee "$out/pytest.log" | grep -v "^$"
-  rc=${PIPESTATUS[0]}
+  PYTHONPATH=tools/pytest_plugins${PYTHONPATH:+:$PYTHONPATH} \
+    python3 -P -m pytest -p instafail -p no:cacheprovider -rs -s -o faulthandler_timeout=120 \
+    "$@" > "$out/pytest.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 "${TEST_DEADLINE:-420}"); do
+    sleep 1
+    kill -0 "$pid" 2>/dev/null || break
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "pytest still running after ${TEST_DEADLINE:-420} s: native stacks in $out/hang_bt.txt"
+    gdb=$(command -v cuda-gdb || ls /usr/local/cuda*/bin/cuda-gdb 2>/dev/null | head -1)
+    [ -n "$gdb" ] && timeout 90 "$gdb" -p "$pid" -batch -ex "thread apply all bt 40" \
+      > "$out/hang_bt.txt" 2>&1
+    kill -9 "$pid"
+  fi
+  wait "$pid"
+  rc=$?
+  grep -v "^$" "$out/pytest.log" | tail -60
 fi
 [ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences demo 2>&1 | tee "$out/demo.log"
 [ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences pool-bench 2>&1 | tee "$out/pool-bench.log"
