@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """SyncOnFreeResourceAdaptor on a real GPU: the seed's race observed, then fixed."""
 
+import gc
 import threading
 
 import numpy as np
@@ -349,6 +350,9 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
     on that stream still reads it. Thread B then uses its own per-thread default stream (the
     same handle value, another stream): its calls must not fence and release A's block, so the
     block B allocates and overwrites is never A's."""
+    # Resources of earlier tests left in reference cycles are finalized here, on this thread,
+    # not at a random allocation inside thread A or B (their destructors synchronize).
+    gc.collect()
     trials, nbytes, spin_ms = 5, 4 << 20, 100.0
     count = nbytes // 4
     naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
