@@ -683,8 +683,9 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     A block freed on stream S is reused on S at once (no CUDA call but the stream identity
     query, none at all on the default stream). Another stream T
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
-    free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes),
-    never one per free, and never while it is being captured. The pool grows by doubling,
+    free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes,
+    its last exact-size frees counted only once another stream ran short), never one per free,
+    and never while it is being captured. The pool grows by doubling,
     trying smaller chunks when the upstream is short, allocating each chunk on the requesting
     stream (on a pool-owned stream while the requesting stream is captured); right before
     raising :class:`MemoryError` it synchronizes the device once and reclaims what that sync
