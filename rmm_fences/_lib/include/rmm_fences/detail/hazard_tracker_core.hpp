@@ -541,6 +541,24 @@ class hazard_tracker_core {
     return static_cast<std::size_t>(ptr >> 8U) & (recently_freed_slots - 1);
   }
 
+  /// The stream of `key` when a fence can be recorded on it now. Otherwise nullopt, and the
+  /// key is listed in `unreachable` (another thread's per-thread default stream, which this
+  /// thread cannot name) or the skipped check counted in `unchecked` (the stream is captured).
+  std::optional<stream_type> checkable_stream_locked(std::uintptr_t key,
+                                                     std::vector<std::uintptr_t>& unreachable)
+  {
+    auto const user = Platform::stream(key);
+    if (!user) {
+      unreachable.push_back(key);
+      return std::nullopt;
+    }
+    if (platform_.is_capturing(*user)) {
+      stats_.unchecked += 1;
+      return std::nullopt;
+    }
+    return user;
+  }
+
   /// A hazard seen at the free of the live `block` at `ptr` on the stream `free_key`.
   static hazard_record free_hazard(hazard_kind kind,
                                    std::uintptr_t ptr,
@@ -596,15 +614,8 @@ class hazard_tracker_core {
     std::vector<std::uintptr_t> unreachable;  // streams this thread cannot name
     for (auto const user_key : block.declared) {
       if (user_key == free_key) { continue; }
-      auto const user = Platform::stream(user_key);
-      if (!user) {
-        unreachable.push_back(user_key);
-        continue;
-      }
-      if (platform_.is_capturing(*user)) {
-        stats_.unchecked += 1;
-        continue;
-      }
+      auto const user = checkable_stream_locked(user_key, unreachable);
+      if (!user) { continue; }
       held_fence fence{platform_};
       if (!platform_.record(fence.get(), *user)) {
         stats_.unchecked += 1;  // neither ordered nor checked
@@ -631,12 +642,7 @@ class hazard_tracker_core {
         stats_.unchecked += 1;
       }
       if (undeclared_user) {
-        auto const user = Platform::stream(alloc_key);
-        if (!user) {
-          unreachable.push_back(alloc_key);
-        } else if (platform_.is_capturing(*user)) {
-          stats_.unchecked += 1;
-        } else {
+        if (auto const user = checkable_stream_locked(alloc_key, unreachable); user) {
           held_fence user_fence{platform_};
           if (platform_.record(user_fence.get(), *user)) {
             stats_.fences += 1;
@@ -663,12 +669,7 @@ class hazard_tracker_core {
 
     // Stream-ordered upstream: only the undeclared allocation stream can race with reuse.
     if (undeclared_user) {
-      auto const user = Platform::stream(alloc_key);
-      if (!user) {
-        unreachable.push_back(alloc_key);
-      } else if (platform_.is_capturing(*user)) {
-        stats_.unchecked += 1;
-      } else {
+      if (auto const user = checkable_stream_locked(alloc_key, unreachable); user) {
         check_cross_locked(stream, *user, ptr, block, free_key, stack, notices);
       }
     }

@@ -27,14 +27,27 @@ class pointer_map {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
 
+  /// What `find_index` returns for a key that is not present.
+  static constexpr std::size_t npos = ~std::size_t{0};
+
+  /// The slot of `key`, or `npos`: with `value_at` and `erase_at`, a lookup followed by an
+  /// erase costs one probe.
+  [[nodiscard]] std::size_t find_index(std::uintptr_t key) const noexcept
+  {
+    for (auto i = home(key);; i = next(i)) {
+      if (slots_[i].key == key) { return i; }
+      if (slots_[i].key == 0) { return npos; }
+    }
+  }
+
+  [[nodiscard]] Value& value_at(std::size_t i) noexcept { return slots_[i].value; }
+  [[nodiscard]] Value const& value_at(std::size_t i) const noexcept { return slots_[i].value; }
+
   /// The value of `key`, or nullptr.
   [[nodiscard]] Value* find(std::uintptr_t key) noexcept
   {
-    for (auto i = home(key);; i = next(i)) {
-      auto& s = slots_[i];
-      if (s.key == key) { return &s.value; }
-      if (s.key == 0) { return nullptr; }
-    }
+    auto const i = find_index(key);
+    return i == npos ? nullptr : &slots_[i].value;
   }
 
   /// Inserts or replaces the value of `key` (non-zero). May grow the table.
@@ -56,14 +69,19 @@ class pointer_map {
     }
   }
 
-  /// Removes `key`'s entry and returns its value; `key` must be present (see `find`).
+  /// Removes `key`'s entry and returns its value (a default value when `key` is absent).
   Value take(std::uintptr_t key) noexcept
   {
-    auto i = home(key);
-    while (slots_[i].key != key) {
-      i = next(i);
-    }
+    auto const i = find_index(key);
+    if (i == npos) { return Value{}; }
     Value out = std::move(slots_[i].value);
+    erase_at(i);
+    return out;
+  }
+
+  /// Erases the entry in slot `i` (from `find_index`).
+  void erase_at(std::size_t i) noexcept
+  {
     // Backward shift: pull later entries of the run into the hole when their home allows it.
     for (auto j = next(i);; j = next(j)) {
       auto& s = slots_[j];
@@ -79,7 +97,6 @@ class pointer_map {
     slots_[i].key   = 0;
     slots_[i].value = Value{};
     --size_;
-    return out;
   }
 
   /// Calls `fn(key, value)` for every entry.

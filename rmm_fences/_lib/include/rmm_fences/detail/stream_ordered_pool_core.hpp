@@ -7,6 +7,7 @@
 #pragma once
 
 #include <rmm_fences/detail/free_list.hpp>
+#include <rmm_fences/detail/pointer_map.hpp>
 #include <rmm_fences/detail/spin_mutex.hpp>
 
 #include <algorithm>
@@ -71,99 +72,6 @@ inline std::uint64_t capturing_stream_identity(std::uint64_t capture_id,
   x ^= x >> 31U;
   return (x & ((std::uint64_t{1} << 62) - 1)) | (std::uint64_t{1} << 62);
 }
-
-/**
- * @brief The blocks one stream's slot handed out: address -> requested bytes.
- *
- * Open addressing with linear probing and backward-shift deletion (no tombstones): a lookup
- * and the erase that follows it cost one probe; nothing is allocated until the table grows
- * (at half full). Key 0 marks an empty entry (no block lives at address 0).
- */
-class live_block_map {
- public:
-  static constexpr std::size_t npos = ~std::size_t{0};
-
-  live_block_map() { rehash(128); }
-
-  /// Lists `key` (non-zero) with `bytes`. May grow the table (std::bad_alloc).
-  void insert(std::uintptr_t key, std::size_t bytes)
-  {
-    if (2 * (size_ + 1) > entries_.size()) { rehash(2 * entries_.size()); }
-    place(key, bytes);
-  }
-
-  /// The index of `key`, or `npos`.
-  [[nodiscard]] std::size_t find(std::uintptr_t key) const noexcept
-  {
-    for (auto i = home(key);; i = next(i)) {
-      if (entries_[i].key == key) { return i; }
-      if (entries_[i].key == 0) { return npos; }
-    }
-  }
-
-  [[nodiscard]] std::size_t bytes_at(std::size_t i) const noexcept { return entries_[i].bytes; }
-
-  /// Erases the entry at `i` (from `find`).
-  void erase_at(std::size_t i) noexcept
-  {
-    for (auto j = next(i);; j = next(j)) {
-      auto const k = entries_[j].key;
-      if (k == 0) { break; }
-      auto const h      = home(k);
-      bool const moves = (i <= j) ? (h <= i || h > j) : (h <= i && h > j);
-      if (moves) {
-        entries_[i] = entries_[j];
-        i           = j;
-      }
-    }
-    entries_[i] = {};
-    --size_;
-  }
-
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-
- private:
-  struct entry {
-    std::uintptr_t key{};
-    std::size_t bytes{};
-  };
-
-  [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept
-  {
-    return static_cast<std::size_t>(((key >> 8U) * 0x9E3779B97F4A7C15ULL) >> shift_);
-  }
-  [[nodiscard]] std::size_t next(std::size_t i) const noexcept { return (i + 1) & mask_; }
-
-  void place(std::uintptr_t key, std::size_t bytes) noexcept
-  {
-    auto i = home(key);
-    while (entries_[i].key != 0 && entries_[i].key != key) {
-      i = next(i);
-    }
-    if (entries_[i].key == 0) { ++size_; }
-    entries_[i] = {key, bytes};
-  }
-
-  void rehash(std::size_t count)
-  {
-    std::vector<entry> old(count);
-    old.swap(entries_);
-    mask_  = count - 1;
-    shift_ = 64;
-    for (auto c = count; c > 1; c /= 2) {
-      --shift_;
-    }
-    size_ = 0;
-    for (auto const& e : old) {
-      if (e.key != 0) { place(e.key, e.bytes); }
-    }
-  }
-
-  std::vector<entry> entries_;
-  std::size_t size_{};
-  std::size_t mask_{};
-  unsigned shift_{};
-};
 
 /// What a checked free found.
 enum class free_status : int {
@@ -397,10 +305,10 @@ class stream_ordered_pool_core {
     auto& slot      = *slot_ptr;
     auto const key  = reinterpret_cast<std::uintptr_t>(ptr);
     std::unique_lock<spin_mutex> lock(slot.mutex);
-    if (auto const i = slot.live.find(key); i != live_block_map::npos) {
-      if (slot.live.bytes_at(i) != bytes) {
+    if (auto const i = slot.live.find_index(key); i != slot.live.npos) {
+      if (slot.live.value_at(i) != bytes) {
         rejected_frees_.fetch_add(1, std::memory_order_relaxed);
-        return {free_status::size_mismatch, slot.live.bytes_at(i)};
+        return {free_status::size_mismatch, slot.live.value_at(i)};
       }
       slot.live.erase_at(i);
     } else {
@@ -615,7 +523,7 @@ class stream_ordered_pool_core {
     std::size_t recent_count{};
     std::size_t recent_bytes{};
     std::unordered_map<std::uint64_t, std::uint64_t> waited;  // other slot serial -> fence no.
-    live_block_map live;                  // blocks handed out on this slot -> requested bytes
+    pointer_map<std::size_t> live{64};    // blocks handed out on this slot -> requested bytes
     std::atomic<bool> fence_requested{};
     // Another stream once missed while this one held free blocks: from then on the byte rule
     // counts the last exact-size frees too (so a big free is fenced for the next taker).
@@ -739,10 +647,10 @@ class stream_ordered_pool_core {
     auto try_slot = [&](slot_type& slot, free_result& out) {
       if (&slot == &self) { return false; }
       std::lock_guard<spin_mutex> slot_lock(slot.mutex);
-      auto const i = slot.live.find(key);
-      if (i == live_block_map::npos) { return false; }
-      if (slot.live.bytes_at(i) != bytes) {
-        out = {free_status::size_mismatch, slot.live.bytes_at(i)};
+      auto const i = slot.live.find_index(key);
+      if (i == slot.live.npos) { return false; }
+      if (slot.live.value_at(i) != bytes) {
+        out = {free_status::size_mismatch, slot.live.value_at(i)};
       } else {
         slot.live.erase_at(i);
         out = {free_status::done, 0};
@@ -762,7 +670,7 @@ class stream_ordered_pool_core {
   /// Lists `ptr` as handed out on `slot` (caller holds slot.mutex). May throw bad_alloc.
   static void track(slot_type& slot, char* ptr, std::size_t bytes)
   {
-    slot.live.insert(reinterpret_cast<std::uintptr_t>(ptr), bytes);
+    slot.live.insert_or_assign(reinterpret_cast<std::uintptr_t>(ptr), bytes);
   }
 
   /// Counts an allocation made on a slower path straight into the pool's totals.

@@ -308,9 +308,9 @@ class sync_on_free_core {
     auto const key = reinterpret_cast<std::uintptr_t>(ptr);
     {
       std::lock_guard<spin_mutex> lock(live_mutex_);
-      if (auto* size = live_.find(key); size != nullptr) {
-        if (*size != bytes) { return {free_check::size_mismatch, *size}; }
-        (void)live_.take(key);
+      if (auto const i = live_.find_index(key); i != live_.npos) {
+        if (live_.value_at(i) != bytes) { return {free_check::size_mismatch, live_.value_at(i)}; }
+        live_.erase_at(i);
         return {free_check::ok, bytes};
       }
     }
