@@ -260,17 +260,8 @@ using launch_kernel_fn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, 
 
 inline launch_kernel_fn launch_kernel_entry()
 {
-  static launch_kernel_fn const fn = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &entry, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return launch_kernel_fn{};
-    }
-    return reinterpret_cast<launch_kernel_fn>(entry);
-  }();
+  static launch_kernel_fn const fn =
+    rmm_fences::detail::driver_entry_point<launch_kernel_fn>("cuLaunchKernel");
   return fn;
 }
 

@@ -134,18 +134,8 @@ class cuda_pool_platform {
       return current == device_.value();
     }
     if (rmm_fences::detail::is_capturing(stream)) { return true; }
-    using get_device_fn    = CUresult (*)(CUstream, CUdevice*);
-    static auto const get  = [] {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      if (cudaGetDriverEntryPointByVersion("cuStreamGetDevice", &fn, 12080, cudaEnableDefault,
-                                           &found) != cudaSuccess ||
-          found != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        return get_device_fn{};
-      }
-      return reinterpret_cast<get_device_fn>(fn);
-    }();
+    using get_device_fn   = CUresult (*)(CUstream, CUdevice*);
+    static auto const get = driver_entry_point<get_device_fn>("cuStreamGetDevice", 12080);
     if (get == nullptr) { return true; }
     relaxed_capture_scope relaxed;
     CUdevice dev{};

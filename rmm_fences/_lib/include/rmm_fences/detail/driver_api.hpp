@@ -15,6 +15,22 @@
 
 namespace rmm_fences::detail {
 
+/// The driver's entry point `name` of ABI `version` (through the runtime), or nullptr where
+/// the driver does not provide it.
+template <typename Fn>
+Fn driver_entry_point(char const* name, int version = 12000) noexcept
+{
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found) !=
+        cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
 /// Driver entry points, loaded once per process.
 struct driver_api {
   using event_record_fn  = CUresult (*)(CUevent, CUstream);
@@ -44,15 +60,7 @@ struct driver_api {
   template <typename Fn>
   static Fn entry(char const* name) noexcept
   {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    return reinterpret_cast<Fn>(fn);
+    return driver_entry_point<Fn>(name);
   }
 
   static driver_api load() noexcept
