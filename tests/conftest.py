@@ -83,3 +83,21 @@ def rng(request):
 
     seed = abs(hash(request.node.nodeid)) % (2**32)
     return np.random.default_rng(seed)
+
+
+def dump_stacks(reason: str) -> None:
+    """Print every Python thread's stack and, where cuda-gdb is found (the GPU host), every
+    native stack of this process to stderr: called by a test whose thread is stuck."""
+    import faulthandler
+    import shutil
+    import subprocess
+    import sys
+
+    print(f"\n=== {reason}: Python stacks", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(sys.stderr, all_threads=True)
+    gdb = shutil.which("cuda-gdb") or shutil.which("gdb")
+    if gdb:
+        print(f"=== native stacks ({gdb})", file=sys.stderr, flush=True)
+        run = subprocess.run([gdb, "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt 25"],
+                             capture_output=True, text=True, timeout=120)
+        print(run.stdout[-30000:], file=sys.stderr, flush=True)

@@ -11,6 +11,8 @@ import rmm
 from rmm_fences import SyncOnFreeResourceAdaptor
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
+from conftest import dump_stacks
+
 pytestmark = pytest.mark.gpu
 
 MODES = ("device", "stream", "deferred")
@@ -409,6 +411,8 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
         tb.start()
         ta.join(30)
         tb.join(30)
+        if ta.is_alive() or tb.is_alive():
+            dump_stacks(f"trial {i}: a thread is still blocked after 30 s")
         # Seen once, late in a full-suite process on an H200 (not alone, not with its file):
         # thread B blocked inside its first allocate for over 60 s. Fail fast, naming it.
         assert not ta.is_alive() and not tb.is_alive(), (

@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: Apache-2.0
+"""pytest plugin that runs another project's test suite with an rmm_fences chain installed.
+
+Loaded with ``-p plugin`` (``tools/downstream`` on PYTHONPATH) by ``tools/downstream/run.py``.
+Environment:
+
+``RMM_FENCES_DS_CHAIN``
+    A ``rmm_fences.compose`` spec; empty: the suite runs as shipped (the baseline).
+``RMM_FENCES_DS_CUPY``
+    How CuPy gets its memory: ``rmm`` (rmm's ``rmm_cupy_allocator`` over the chain installed as
+    the current device resource), ``rmm_fences`` (``CupyAllocator`` over the chain), or empty
+    (CuPy's own pool; rmm's current device resource is still the chain).
+``RMM_FENCES_DS_STATE``
+    A file this plugin appends JSON lines to: the test about to run (so the driver can name the
+    test a crashed process died in), exceptions raised in ``__del__`` and the like (pytest's
+    unraisable-exception warnings), and at the end the tracker's hazards.
+
+The chain is built once per process and installed before every test, because rmm's own tests
+reset the current device resource in their fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+_chain = None
+_state = None
+
+
+def _emit(record):
+    if _state is not None:
+        _state.write(json.dumps(record) + "\n")
+        _state.flush()
+        os.fsync(_state.fileno())
+
+
+def _install():
+    import rmm
+
+    rmm.mr.set_current_device_resource(_chain)
+
+
+def pytest_configure(config):
+    global _chain, _state
+    path = os.environ.get("RMM_FENCES_DS_STATE")
+    if path:
+        _state = open(path, "a", encoding="utf-8")
+    spec = os.environ.get("RMM_FENCES_DS_CHAIN", "")
+    how = os.environ.get("RMM_FENCES_DS_CUPY", "")
+    if spec:
+        from rmm_fences.compose import compose
+
+        _chain = compose(spec)
+        _install()
+    if how:
+        import cupy
+
+        if how == "rmm":
+            from rmm.allocators.cupy import rmm_cupy_allocator
+
+            cupy.cuda.set_allocator(rmm_cupy_allocator)
+        elif how == "rmm_fences":
+            from rmm_fences.allocators.cupy import CupyAllocator
+
+            cupy.cuda.set_allocator(CupyAllocator(_chain))
+        else:
+            raise pytest.UsageError(
+                f"RMM_FENCES_DS_CUPY must be rmm, rmm_fences or empty, got {how!r}")
+    _emit({"event": "configure", "chain": spec, "cupy": how, "pid": os.getpid()})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid, location):
+    _emit({"event": "start", "test": nodeid})
+
+
+@pytest.fixture(autouse=True)
+def _rmm_fences_chain():
+    if _chain is not None:
+        _install()
+    yield
+
+
+def pytest_warning_recorded(warning_message, when, nodeid, location):
+    cat = warning_message.category.__name__
+    if "Unraisable" in cat or "Thread" in cat:
+        _emit({"event": "unraisable", "test": nodeid, "when": when,
+               "message": str(warning_message.message)[:2000]})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _chain is None:
+        return
+    hazards = _hazards(_chain)
+    if hazards is not None:
+        _emit({"event": "hazards", **hazards})
+
+
+def _hazards(mr):
+    """The tracker's report when the chain holds one (outermost first), else None."""
+    from rmm_fences import HazardTrackingResourceAdaptor
+
+    while mr is not None:
+        if isinstance(mr, HazardTrackingResourceAdaptor):
+            try:
+                mr.check()  # settle the pending checks
+            except Exception as exc:  # on_hazard=raise: the hazards are listed below
+                _emit({"event": "unraisable", "test": "<sessionfinish>", "when": "check",
+                       "message": repr(exc)[:2000]})
+            return {"stats": dict(mr.stats), "hazards": [str(h) for h in mr.hazards][:50]}
+        mr = getattr(mr, "upstream_mr", None)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit("load with pytest -p plugin")
