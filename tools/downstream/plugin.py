@@ -13,7 +13,12 @@ Environment:
 ``RMM_FENCES_DS_STATE``
     A file this plugin appends JSON lines to: the test about to run (so the driver can name the
     test a crashed process died in), exceptions raised in ``__del__`` and the like (pytest's
-    unraisable-exception warnings), and at the end the tracker's hazards.
+    unraisable-exception warnings), each test's outcome (so a process that crashed still
+    reports the tests it finished), and at the end the tracker's hazards.
+``RMM_FENCES_DS_FAKE``
+    ``1``: build and install nothing (no chain, no CuPy allocator, no rmm or cupy import), only
+    log as above; the harness's CPU tests (``tests/test_downstream_harness.py``) run a fake suite
+    this way, which may read ``RMM_FENCES_DS_CHAIN`` itself to act differently under a chain.
 
 The chain is built once per process and installed before every test, because rmm's own tests
 reset the current device resource in their fixtures.
@@ -51,6 +56,10 @@ def pytest_configure(config):
         _state = open(path, "a", encoding="utf-8")
     spec = os.environ.get("RMM_FENCES_DS_CHAIN", "")
     how = os.environ.get("RMM_FENCES_DS_CUPY", "")
+    fake = os.environ.get("RMM_FENCES_DS_FAKE", "") == "1"
+    _emit({"event": "configure", "chain": spec, "cupy": how, "fake": fake, "pid": os.getpid()})
+    if fake:
+        return
     if spec:
         from rmm_fences.compose import compose
 
@@ -70,12 +79,39 @@ def pytest_configure(config):
         else:
             raise pytest.UsageError(
                 f"RMM_FENCES_DS_CUPY must be rmm, rmm_fences or empty, got {how!r}")
-    _emit({"event": "configure", "chain": spec, "cupy": how, "pid": os.getpid()})
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logstart(nodeid, location):
     _emit({"event": "start", "test": nodeid})
+
+
+def pytest_runtest_logreport(report):
+    outcome = _outcome(report)
+    if outcome is None:
+        return
+    record = {"event": "result", "test": report.nodeid, "when": report.when, "outcome": outcome}
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        record["message"] = (crash.message if crash is not None else str(report.longrepr))[:500]
+    if _state is not None:  # flushed, not synced: losing it only loses detail, never the test
+        _state.write(json.dumps(record) + "\n")
+        _state.flush()
+
+
+def _outcome(report):
+    """The phase's outcome as the harness counts it (an error in setup or teardown is an error),
+    or None for a setup or teardown that passed."""
+    xfail = hasattr(report, "wasxfail")
+    if report.when == "call":
+        if report.skipped:
+            return "xfailed" if xfail else "skipped"
+        return "failed" if report.failed else ("xpassed" if xfail else "passed")
+    if report.failed:
+        return "error"
+    if report.skipped:
+        return "xfailed" if xfail else "skipped"
+    return None
 
 
 @pytest.fixture(autouse=True)
