@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tools/downstream/run.py on a fake suite, on the CPU: no GPU, rmm or cupy needed.
+
+The plugin runs with RMM_FENCES_DS_FAKE=1 (it installs nothing); the fake tests read
+RMM_FENCES_DS_CHAIN themselves to fail or crash only under a chain.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parents[1] / "tools" / "downstream" / "run.py"
+
+FAKE_SUITE = {
+    "test_pass.py": """
+        import pytest
+
+        def test_a():
+            pass
+
+        @pytest.mark.skip(reason="not here")
+        def test_skipped():
+            pass
+
+        @pytest.mark.xfail(reason="known")
+        def test_xfail():
+            assert False
+
+        class TestParams:
+            @pytest.mark.parametrize("x", [1, 2])
+            def test_p(self, x):
+                pass
+        """,
+    "test_chain_fail.py": """
+        import os
+
+        def test_ok():
+            pass
+
+        def test_fails_with_chain():
+            assert not os.environ.get("RMM_FENCES_DS_CHAIN"), "chain is set"
+        """,
+    "test_segv.py": """
+        import os
+        import signal
+
+        def test_before():
+            pass
+
+        def test_segv():
+            if os.environ.get("RMM_FENCES_DS_CHAIN"):
+                os.kill(os.getpid(), signal.SIGSEGV)
+
+        def test_after_1():
+            pass
+
+        def test_after_2():
+            pass
+        """,
+    "test_unraisable.py": """
+        import gc
+
+        class Bad:
+            def __del__(self):
+                raise RuntimeError("boom in __del__")
+
+        def test_del():
+            bad = Bad()
+            del bad
+            gc.collect()
+        """,
+}
+HANG = """
+    import os
+    import time
+
+    def test_hang():
+        if os.environ.get("RMM_FENCES_DS_CHAIN"):
+            time.sleep(120)
+    """
+
+
+@pytest.fixture
+def suite(tmp_path):
+    root = tmp_path / "suite"
+    root.mkdir()
+    for name, text in FAKE_SUITE.items():
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def harness(*args):
+    env = dict(os.environ, RMM_FENCES_DS_FAKE="1",
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # hypothesis & co.: a second per process
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run([sys.executable, str(RUN), *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_regression_crash_and_not_run(suite, tmp_path):
+    out = tmp_path / "out"
+    r = harness("--suite", f"fake={suite}", "--out", out, "--jobs", 4, "--timeout-file", 60,
+                "--chain", "pool=pool(cuda_async)")
+    assert r.returncode == 1, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["fake"] is True and summary["exit_code"] == 1
+    base, pool = summary["results"]["fake"]["baseline"], summary["results"]["fake"]["pool"]
+    assert base["counts"]["passed"] == 10 and base["counts"]["skipped"] == 1
+    assert base["counts"]["xfailed"] == 1 and not base["regressions"] and not base["crashes"]
+
+    regressions = {r["test"]: r for r in pool["regressions"]}
+    assert set(regressions) == {"test_chain_fail.py::test_fails_with_chain",
+                                "test_segv.py::test_segv", "test_segv.py::test_after_1",
+                                "test_segv.py::test_after_2"}
+    failed = regressions["test_chain_fail.py::test_fails_with_chain"]
+    assert (failed["baseline"], failed["outcome"]) == ("passed", "failed")
+    assert "chain is set" in failed["message"]
+    assert regressions["test_segv.py::test_segv"]["outcome"] == "crashed"
+    assert regressions["test_segv.py::test_after_1"]["outcome"] == "not run"
+    [crash] = pool["crashes"]
+    assert crash["test"] == "test_segv.py::test_segv" and "SIGSEGV" in crash["reason"]
+    assert pool["counts"]["crashed"] == 1 and pool["counts"]["not run"] == 2
+    # the crashed process's finished tests keep their outcome (from the plugin's log)
+    assert pool["counts"]["passed"] == 6 and pool["counts"]["failed"] == 1
+
+    for entry in (base, pool):
+        [unraisable] = entry["unraisable"]
+        assert unraisable["test"] == "test_unraisable.py::test_del"
+        assert "boom in __del__" in unraisable["message"]
+
+    assert ("fake  pool: 6 passed, 1 failed, 1 skipped, 1 xfailed, 1 crashed, 2 not run; "
+            "4 regressions, 1 crashes, 1 unraisable, 0 hazards") in r.stdout
+    assert "test_chain_fail.py::test_fails_with_chain: passed -> failed" in r.stdout
+    assert "CRASH in test_segv.py::test_segv" in r.stdout
+    md = (out / "summary.md").read_text()
+    assert "| fake | pool | 6 | 1 | 0 | 2 | 4 | 1 | 1 | 0 |" in md
+    for ext in ("xml", "log", "state", "meta.json"):
+        assert (out / "fake" / "pool" / f"test_chain_fail.{ext}").is_file()
+
+    (out / "summary.json").unlink()
+    again = harness("--report-only", out)
+    assert again.returncode == 1
+    rebuilt = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]
+    assert rebuilt["regressions"] == pool["regressions"]
+
+
+def test_baseline_only_exits_zero(suite, tmp_path):
+    out = tmp_path / "out"
+    r = harness("--suite", f"fake={suite}", "--out", out, "--only-baseline",
+                "--chain", "pool=pool(cuda_async)")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert list(json.loads((out / "summary.json").read_text())["results"]["fake"]) == ["baseline"]
+    assert "fake  baseline: 10 passed, 0 failed, 1 skipped, 1 xfailed; 0 regressions" in r.stdout
+    assert (out / "summary.md").is_file()
+
+
+def test_timeout_kills_and_names_the_test(suite, tmp_path):
+    (suite / "test_hang.py").write_text(textwrap.dedent(HANG))
+    out = tmp_path / "out"
+    r = harness("--suite", f"fake={suite}", "--out", out, "--files", "test_hang.py",
+                "--timeout-file", 4, "--chain", "pool=pool(cuda_async)")
+    assert r.returncode == 1, r.stdout + r.stderr
+    [crash] = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]["crashes"]
+    assert crash["test"] == "test_hang.py::test_hang" and crash["reason"].startswith("timeout")
+
+
+def _load_run():
+    spec = importlib.util.spec_from_file_location("downstream_run", RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_default_plan(tmp_path):
+    run = _load_run()
+    cupy = tmp_path / "cupy"
+    for f in ("cupy_tests/core_tests/test_scan.py", "cupy_tests/math_tests/test_sumprod.py",
+              "cupy_tests/sorting_tests/test_sort.py", "cupy_tests/sorting_tests/__init__.py"):
+        (cupy / f).parent.mkdir(parents=True, exist_ok=True)
+        (cupy / f).write_text("")
+    rmm = tmp_path / "rmm"
+    rmm.mkdir()
+    (rmm / "test_rmm.py").write_text("")
+    (rmm / "conftest.py").write_text("")
+    args = run.parse_args(["--suite", f"rmm={rmm}", "--suite", f"cupy={cupy}", "--out", "x"])
+    suites, jobs = run.plan(args)
+    assert suites["rmm"]["files"] == ["test_rmm.py"]
+    assert suites["cupy"]["files"] == ["cupy_tests/math_tests/test_sumprod.py",
+                                       "cupy_tests/core_tests/test_scan.py",
+                                       "cupy_tests/sorting_tests/test_sort.py"]
+    assert "cupy_tests/cuda_tests/test_graph.py" in suites["cupy"]["missing"]
+    chains = {(j["suite"], j["chain"]) for j in jobs}
+    assert len(chains) == 5 + 9
+    assert ("cupy", "tracker+CupyAllocator") in chains and ("rmm", "tracker") in chains
+    assert ("cupy", "pool") not in chains
+    assert [j["chain"] for j in jobs[:4]] == ["baseline"] * 4  # every baseline first
+    pool = next(j for j in jobs if j["chain"] == "pool+rmm_cupy_allocator")
+    assert pool["env"] == {"RMM_FENCES_DS_CHAIN": "pool(cuda_async)", "RMM_FENCES_DS_CUPY": "rmm"}
+    _, only = run.plan(run.parse_args(["--suite", f"cupy={cupy}", "--out", "x",
+                                       "--chains", "sof_stream"]))
+    assert {j["chain"] for j in only} == {"baseline", "sof_stream+rmm_cupy_allocator",
+                                          "sof_stream+CupyAllocator"}

@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Run other projects' pytest suites (RMM's, CuPy's) under rmm_fences chains; report regressions.
+
+On the GPU host (no network needed), with rmm, cupy and rmm_fences installed and the suites'
+sources fetched beforehand by ``tools/downstream/fetch_sources.sh`` (``make downstream`` runs
+this with these defaults)::
+
+    python tools/downstream/run.py --suite rmm=.downstream/rmm-tests \\
+        --suite cupy=.downstream/cupy-tests --out .downstream/out [--jobs N] [--chains pool ...]
+
+Each selected test file runs once as shipped (chain ``baseline``) and once per chain of
+``CHAINS`` (on the cupy suite each chain twice: through rmm's ``rmm_cupy_allocator`` and through
+rmm_fences' ``CupyAllocator``): one pytest process per (suite, chain, file), loaded with
+``-p plugin`` (``plugin.py`` beside this file, which installs the chain), ``--jobs`` at a time,
+all baselines first. Each process leaves ``OUT/<suite>/<chain>/<file>.{xml,log,state,meta.json}``.
+A chain's regressions are the tests that passed, skipped or xfailed in the baseline and fail,
+error, crash or do not run under the chain. ``OUT/summary.json`` and ``OUT/summary.md`` hold the
+results; the exit code is 1 when a chain has a regression or any process crashed (a signal, a
+timeout, no junit report). ``--report-only OUT`` rebuilds the summaries from an existing output
+folder (after an interrupted run: the files not finished are listed as such).
+
+``--chain NAME=SPEC`` (repeatable) replaces the chain table: those chains run on every suite,
+with no CuPy allocator. ``RMM_FENCES_DS_FAKE=1`` in the environment makes the plugin build and
+install nothing; ``tests/test_downstream_harness.py`` runs a fake suite on a CPU that way. CI does
+not run this harness: it needs a GPU, rmm, cupy and the suites' sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+CHAINS = {  # name -> rmm_fences.compose spec
+    "pool": "pool(cuda_async)",
+    "sof_deferred": "sync_on_free(rmm_pool(cuda), mode=deferred)",
+    "sof_stream": "sync_on_free(rmm_pool(cuda), mode=stream)",
+    "tracker": "tracking(pool(cuda_async), on_hazard=raise)",
+}
+CUPY_ALLOCATORS = {"rmm": "rmm_cupy_allocator", "rmm_fences": "CupyAllocator"}  # DS_CUPY: suffix
+DEFAULT_FILES = {  # globs relative to the suite's folder; any other suite: test_*.py
+    "cupy": ["cupy_tests/core_tests/test_ndarray_reduction.py",
+             "cupy_tests/core_tests/test_cub_reduction.py",
+             "cupy_tests/core_tests/test_reduction.py",
+             "cupy_tests/math_tests/test_sumprod.py",
+             "cupy_tests/**/test_scan.py",
+             "cupy_tests/sorting_tests/test_*.py",
+             "cupy_tests/statistics_tests/test_*.py",
+             "cupy_tests/cuda_tests/test_stream.py",
+             "cupy_tests/cuda_tests/test_graph.py"],
+}
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "crashed", "not run")
+GOOD = {"passed", "skipped", "xfailed", "xpassed"}
+BAD = {"failed", "error", "crashed", "not run"}
+RANK = {o: i for i, o in enumerate(("skipped", "xfailed", "passed", "xpassed", "failed", "error"))}
+INI_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+MSG = 500  # characters kept of a failure message
+NOT_RUN = "not run (the process stopped before it, or did not collect it)"
+
+
+def chain_table(specs=CHAINS, cupy_variants=True):
+    """name -> (the suites it applies to, "*": every suite; the plugin's environment)."""
+    table = {"baseline": (("*",), {})}
+    for name, spec in specs.items():
+        env = {"RMM_FENCES_DS_CHAIN": spec}
+        if not cupy_variants:
+            table[name] = (("*",), env)
+            continue
+        table[name] = (("rmm",), env)
+        for how, suffix in CUPY_ALLOCATORS.items():
+            table[f"{name}+{suffix}"] = (("cupy",), {**env, "RMM_FENCES_DS_CUPY": how})
+    return table
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--suite", action="append", default=[], metavar="NAME=PATH")
+    p.add_argument("--files", nargs="+", metavar="[SUITE:]GLOB",
+                   help="test files (globs relative to the suite folder) instead of the defaults")
+    p.add_argument("--out", type=Path, help="output folder")
+    p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--chains", nargs="+", metavar="NAME",
+                   help="chains to run (pool selects pool+rmm_cupy_allocator etc. too)")
+    p.add_argument("--chain", action="append", default=[], metavar="NAME=SPEC",
+                   help="replace the chain table (every suite, no CuPy allocator)")
+    p.add_argument("--timeout-file", type=float, default=900.0, help="seconds per process")
+    p.add_argument("--timeout-test", type=float, default=300.0,
+                   help="faulthandler_timeout: a test running longer has its stacks dumped")
+    p.add_argument("--only-baseline", action="store_true")
+    p.add_argument("--report-only", type=Path, metavar="OUT",
+                   help="rebuild summary.{json,md} from an existing output folder")
+    args = p.parse_args(argv)
+    if args.report_only is None and (not args.suite or args.out is None):
+        p.error("--suite and --out are required (or --report-only OUT)")
+    return args
+
+
+def plan(args):
+    """Each suite's files and unmatched globs; the jobs, every suite's baseline first."""
+    specs = dict(kv.split("=", 1) for kv in args.chain)
+    table = chain_table(specs, cupy_variants=False) if specs else chain_table()
+    wanted = set(args.chains or [])
+    unknown = wanted - set(table) - {n.split("+")[0] for n in table}
+    if unknown:
+        sys.exit(f"unknown chain(s) {sorted(unknown)}; known: {sorted(table)}")
+    chains = [c for c in table if c == "baseline" or (
+              not args.only_baseline and (not wanted or wanted & {c, c.split("+")[0]}))]
+    suites, jobs = {}, []
+    for item in args.suite:
+        name, _, path = item.partition("=")
+        root = Path(path).resolve()
+        if not root.is_dir():
+            sys.exit(f"--suite {item}: {root} is not a folder")
+        globs = ([g.split(":", 1)[-1] for g in args.files
+                  if ":" not in g or g.split(":", 1)[0] == name]
+                 if args.files else DEFAULT_FILES.get(name, ["test_*.py"]))
+        files, missing = [], []
+        for pattern in globs:
+            if Path(pattern).is_absolute():
+                sys.exit(f"--files {pattern}: a glob relative to the suite's folder, please")
+            hits = sorted(p.relative_to(root).as_posix() for p in root.glob(pattern) if p.is_file())
+            files += [h for h in hits if h not in files]
+            missing += [] if hits else [pattern]
+        suites[name] = {"path": str(root), "files": files, "missing": missing}
+    for chain in chains:  # the table starts with the baseline
+        where, env = table[chain]
+        for name, suite in suites.items():
+            if "*" in where or ("cupy" if name == "cupy" else "rmm") in where:
+                jobs += [{"suite": name, "chain": chain, "file": f, "env": env,
+                          "base": f"{name}/{chain}/{f.removesuffix('.py').replace('/', '__')}"}
+                         for f in suite["files"]]
+    return suites, jobs
+
+
+_running: set = set()  # the pytest processes running now
+_lock = threading.Lock()
+_stopping = threading.Event()  # interrupted: a process killed then leaves no result
+
+
+def _kill(proc):
+    """SIGTERM, then SIGKILL, to the process group of a pytest started in its own session."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def child_env(extra=None):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RMM_FENCES_DS_CHAIN="", RMM_FENCES_DS_CUPY="")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    return {**env, **(extra or {})}
+
+
+def run_job(job, suites, out, args):
+    base, root = out / job["base"], suites[job["suite"]]["path"]
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for ext in (".xml", ".log", ".state", ".meta.json"):
+        Path(f"{base}{ext}").unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-p", "plugin", "-p", "no:cacheprovider",
+           "--rootdir", root, "--confcutdir", root, "-o",
+           f"faulthandler_timeout={args.timeout_test:g}", f"--junitxml={base}.xml", "-q", "-rfE",
+           job["file"]]
+    if not any((Path(root) / n).exists() for n in INI_FILES):  # else pytest finds ours above
+        cmd[3:3] = ["-c", str(out / "empty-pytest.ini")]
+    env = child_env({**job["env"], "RMM_FENCES_DS_STATE": f"{base}.state"})
+    t0, timed_out = time.monotonic(), False
+    with open(f"{base}.log", "wb") as log:
+        with _lock:  # no process starts once an interrupt has collected the running ones
+            if _stopping.is_set():
+                return None
+            proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            _running.add(proc)
+        try:
+            proc.wait(timeout=args.timeout_file)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill(proc)
+        finally:
+            with _lock:
+                _running.discard(proc)
+    if _stopping.is_set():
+        return None
+    meta = {**job, "cmd": cmd, "rc": proc.returncode, "timed_out": timed_out,
+            "timeout_s": args.timeout_file, "wall_s": round(time.monotonic() - t0, 1)}
+    Path(f"{base}.meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_all(args):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the pytest processes have sessions of their own
+        signal.signal(sig, _interrupt)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "empty-pytest.ini").write_text("[pytest]\n")
+    suites, jobs = plan(args)
+    for name, suite in suites.items():
+        for pattern in suite["missing"]:
+            print(f"{name}: no file matches {pattern} (skipped)")
+    run = {"argv": sys.argv, "started": _now(), "suites": suites, "jobs": jobs,
+           "fake": os.environ.get("RMM_FENCES_DS_FAKE", "") == "1",
+           "versions": versions(out), "commit": commit()}
+    (out / "run.json").write_text(json.dumps(run, indent=1))
+    print(f"{len(jobs)} pytest processes, {args.jobs} at a time, in {out}", file=sys.stderr)
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, args.jobs))
+    futures = [pool.submit(run_job, j, suites, out, args) for j in jobs]  # baselines first
+    try:
+        for done, fut in enumerate(cf.as_completed(futures), 1):
+            if m := fut.result():
+                print(f"[{done}/{len(jobs)}] {m['suite']} {m['chain']} {m['file']}: rc={m['rc']}"
+                      f"{' TIMEOUT' if m['timed_out'] else ''} {m['wall_s']} s",
+                      file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: stopping the running processes", file=sys.stderr)
+        pool.shutdown(wait=False, cancel_futures=True)
+        with _lock:
+            _stopping.set()
+            procs = list(_running)
+        for proc in procs:
+            _kill(proc)
+        pool.shutdown()
+        report(out)
+        return 130
+    pool.shutdown()
+    return report(out)
+
+
+def versions(cwd):
+    """python, rmm, cupy and rmm_fences as the suites' processes see them (same PYTHONPATH)."""
+    probe = ("import json, sys\nout = {'python': sys.version.split()[0]}\n"
+             "for m in ('rmm', 'cupy', 'rmm_fences'):\n"
+             "    try:\n        out[m] = getattr(__import__(m), '__version__', '?')\n"
+             "    except Exception as e:\n        out[m] = f'not importable: {e!r}'[:300]\n"
+             "print(json.dumps(out))")
+    try:  # cwd: not this checkout, whose rmm_fences has no compiled extension
+        r = subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=child_env(),
+                           capture_output=True, text=True, timeout=300)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except Exception as exc:  # noqa: BLE001 - a report without versions is still a report
+        return {"error": repr(exc)[:300]}
+
+
+def commit():
+    if os.environ.get("RMM_FENCES_COMMIT"):
+        return os.environ["RMM_FENCES_COMMIT"]
+    try:
+        r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                           text=True, timeout=30)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# ------------------------------------------------------------ reading one process's files
+
+
+def _merge(results, test, outcome, message=""):
+    """Keep the worst outcome of a test's phases (an error in setup or teardown wins)."""
+    old = results.get(test)
+    if old is None or RANK.get(outcome, 9) > RANK.get(old["outcome"], 9):
+        results[test] = {"outcome": outcome, "message": (message or "")[:MSG]}
+
+
+def read_junit(path, file):
+    """nodeid -> outcome and message; None when the report is missing or incomplete."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    module = file.removesuffix(".py").replace("/", ".")
+    results = {}
+    for tc in root.iter("testcase"):
+        cls, name = tc.get("classname", ""), tc.get("name", "")
+        if cls == module or cls.startswith(module + "."):  # back to file::Class::name[params]
+            test = "::".join([file, *cls[len(module) + 1:].split(".")]).rstrip(":") + "::" + name
+        else:  # a collection error or module-level skip: classname "", name the module
+            test = f"{cls}::{name}" if cls else name
+        outcome, message = "passed", ""
+        for child in tc:  # <failure>, <error> (setup, teardown), <skipped> (xfail: its type)
+            o = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(child.tag)
+            o = "xfailed" if o == "skipped" and child.get("type") == "pytest.xfail" else o
+            if o and (outcome == "passed" or RANK[o] > RANK[outcome]):
+                outcome, message = o, child.get("message") or child.text or ""
+        _merge(results, test, outcome, message)
+    return results
+
+
+def read_state(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # the line a crash cut short
+            pass
+    return events
+
+
+def evaluate(out, meta):
+    """One process: per-test results, its crash (or None), unraisables and hazards."""
+    base, rc = out / meta["base"], meta["rc"]
+    events = read_state(f"{base}.state")
+    starts = [e["test"] for e in events if e.get("event") == "start"]
+    from_state = {}
+    for e in events:
+        if e.get("event") == "result":
+            _merge(from_state, e["test"], e["outcome"], e.get("message", ""))
+    results = read_junit(f"{base}.xml", meta["file"])
+    reason = (f"timeout after {meta['timeout_s']:g} s (killed)" if meta["timed_out"] else
+              f"killed by {_signame(-rc)}" if rc is not None and rc < 0 else
+              f"exit code {rc} without a complete junit report" if results is None else None)
+    died_in = starts[-1] if starts else "<collection>"
+    if reason and results is not None:  # every test reported: it died on its way out
+        reason += " after the junit report was written"
+    elif reason:  # the tests it finished, from the plugin's log, and the one it died in
+        results = {**from_state, died_in: {"outcome": "crashed", "message": reason}}
+    for test, r in results.items():  # junit cannot tell xpassed from passed
+        if r["outcome"] == "passed" and from_state.get(test, {}).get("outcome") == "xpassed":
+            r["outcome"] = "xpassed"
+    crash = reason and {"file": meta["file"], "test": died_in, "reason": reason,
+                        "log": f"{meta['base']}.log", "log_excerpt": _excerpt(f"{base}.log")}
+    unraisable = [{"file": meta["file"], "test": e.get("test"), "when": e.get("when"),
+                   "message": e.get("message") or ""}
+                  for e in events if e.get("event") == "unraisable"]
+    hazards = [{"file": meta["file"], "stats": e.get("stats") or {},
+                "count": (e.get("stats") or {}).get("hazards", len(e.get("hazards") or [])),
+                "hazards": (e.get("hazards") or [])[:10]}
+               for e in events if e.get("event") == "hazards"]
+    return results, crash or None, unraisable, hazards
+
+
+def _signame(num):
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _excerpt(path):
+    """From the log: faulthandler's last report (a fatal signal, a test past --timeout-test),
+    else the last 3000 characters."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    at = max(text.rfind("Fatal Python error"), text.rfind("Timeout ("))
+    return text[at:at + 3000] if at >= 0 else text[-3000:]
+
+
+# ------------------------------------------------------------ the report
+
+
+def compare(chain, base, files):
+    """A (suite, chain)'s counts, regressions, fixed tests, crashes, unraisables, hazards."""
+    counts, regressions, fixed, crashes, unraisable, hazards = Counter(), [], [], [], [], []
+    for file, (res, crash, unr, haz) in files.items():
+        res = dict(res)
+        if chain != "baseline" and file in base:
+            ran = base[file][0]
+            for test in ran:
+                res.setdefault(test, {"outcome": "not run", "message": NOT_RUN})
+            for test, c in res.items():
+                b = ran.get(test, {"outcome": "absent", "message": ""})
+                row = {"test": test, "baseline": b["outcome"], "outcome": c["outcome"],
+                       "message": c["message"] or b["message"]}
+                if b["outcome"] in GOOD | {"absent"} and c["outcome"] in BAD:
+                    regressions.append(row)
+                elif b["outcome"] in BAD and c["outcome"] in ("passed", "xpassed"):
+                    fixed.append(row)
+        counts.update(r["outcome"] for r in res.values())
+        crashes += [crash] if crash else []
+        unraisable += unr
+        hazards += haz
+    return {"counts": {o: counts[o] for o in OUTCOMES}, "regressions": regressions,
+            "fixed": fixed, "crashes": crashes, "unraisable": unraisable, "hazards": hazards,
+            "hazard_count": sum(h["count"] for h in hazards)}
+
+
+def report(out):
+    """Write summary.json and summary.md from OUT's files and print the summary; exit code."""
+    out = Path(out).resolve()
+    try:
+        run = json.loads((out / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        sys.exit(f"{out}/run.json missing or unreadable: not an output folder of this harness")
+    done, pending, envs = {}, {}, {}  # (suite, chain) -> {file: evaluation}, [file], env
+    for job in run["jobs"]:
+        key = (job["suite"], job["chain"])
+        envs.setdefault(key, job["env"])
+        try:
+            meta = json.loads(Path(f"{out / job['base']}.meta.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            pending.setdefault(key, []).append(job["file"])
+            continue
+        done.setdefault(key, {})[job["file"]] = evaluate(out, meta)
+    results, failing = {}, False
+    for suite, chain in envs:
+        entry = compare(chain, done.get((suite, "baseline"), {}), done.get((suite, chain), {}))
+        entry.update(env=envs[suite, chain], files_done=len(done.get((suite, chain), {})),
+                     files_pending=pending.get((suite, chain), []))
+        results.setdefault(suite, {})[chain] = entry
+        failing |= bool(entry["crashes"] or entry["regressions"])
+    summary = {"generated": _now(), "out": str(out), **{k: run.get(k) for k in (
+               "started", "argv", "fake", "commit", "versions", "suites")},
+               "results": results, "exit_code": int(failing)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.md").write_text(markdown(summary))
+    width = max(map(len, results), default=0)
+    for suite, chains in results.items():
+        for chain, e in chains.items():
+            print(f"{suite:<{width}}  {line(chain, e)}")
+            for r in e["regressions"][:50]:
+                print(f"    {r['test']}: {r['baseline']} -> {r['outcome']}: {_first(r['message'])}")
+            if len(e["regressions"]) > 50:
+                print(f"    ... and {len(e['regressions']) - 50} more (summary.json)")
+            for c in e["crashes"]:
+                print(f"    CRASH in {c['test']}: {c['reason']} (log: {c['log']})")
+            if e["files_pending"]:
+                print(f"    {len(e['files_pending'])} file(s) not finished")
+    return summary["exit_code"]
+
+
+def line(chain, e):
+    c = e["counts"]
+    extra = "".join(f", {c[o]} {o}" for o in OUTCOMES[4:] if c[o]) + (
+        f", {c['error']} errors" if c["error"] else "")
+    return (f"{chain}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped{extra}; "
+            f"{len(e['regressions'])} regressions, {len(e['crashes'])} crashes, "
+            f"{len(e['unraisable'])} unraisable, {e['hazard_count']} hazards")
+
+
+def _first(message):
+    """The first line of a message; of an unraisable's, the first and the exception's line."""
+    lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()
+             and not ln.startswith(("Enable tracemalloc", "See https://docs.pytest.org"))]
+    if not lines:
+        return ""
+    return (f"{lines[0]} ... {lines[-1]}" if lines[0].startswith("Exception ignored")
+            and len(lines) > 1 else lines[0])[:300]
+
+
+def markdown(s):
+    v = s.get("versions") or {}
+    md = ["# rmm_fences downstream run", "",
+          f"{s['generated']}; rmm_fences commit `{s.get('commit')}`; "
+          + ", ".join(f"{k} {v[k]}" for k in ("python", "rmm", "cupy", "rmm_fences") if k in v)
+          + ("; **fake run (RMM_FENCES_DS_FAKE=1)**" if s.get("fake") else ""), "",
+          "| suite | chain | passed | failed | errors | skipped | regressions | crashes | "
+          "unraisable | hazards |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for suite, chains in s["results"].items():
+        for chain, e in chains.items():
+            c = e["counts"]
+            md.append(f"| {suite} | {chain} | {c['passed']} | {c['failed']} | {c['error']} | "
+                      f"{c['skipped'] + c['xfailed']} | {len(e['regressions'])} | "
+                      f"{len(e['crashes'])} | {len(e['unraisable'])} | {e['hazard_count']} |")
+    missing = [f"- {name}: `{p}`" for name, suite in s["suites"].items() for p in suite["missing"]]
+    md += ["", "Globs that matched no file (skipped):", "", *missing] if missing else []
+    for suite, chains in s["results"].items():
+        for chain, e in chains.items():
+            for title, items in (
+                    ("Regressions", [f"`{r['test']}`: {r['baseline']} -> {r['outcome']}: "
+                                     f"{_first(r['message'])}" for r in e["regressions"]]),
+                    ("Crashes", [f"`{c['file']}` in `{c['test']}`: {c['reason']} ({c['log']})"
+                                 for c in e["crashes"]]),
+                    ("Fixed", [f"`{r['test']}`: {r['baseline']} -> {r['outcome']}"
+                               for r in e["fixed"]]),
+                    ("Unraisable", [f"`{u['test']}` ({u['when']}): {_first(u['message'])}"
+                                    for u in e["unraisable"]]),
+                    ("Hazards", [f"`{h['file']}`: {h['count']}: {'; '.join(h['hazards'][:3])}"
+                                 for h in e["hazards"] if h["count"]]),
+                    ("Not finished", [f"`{f}`" for f in e["files_pending"]])):
+                if items:
+                    md += ["", f"## {suite} / {chain}: {title} ({len(items)})", ""]
+                    md += [f"- {i}" for i in items[:100]]
+                    if len(items) > 100:
+                        md.append(f"- and {len(items) - 100} more (summary.json)")
+    return "\n".join(md) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    return report(args.report_only) if args.report_only is not None else run_all(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
