@@ -3,14 +3,21 @@
 # make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the seed's reduce
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
+# make downstream: GPU host only, CI does not run it: RMM's and CuPy's test suites as shipped and
+#             under each rmm_fences chain (tools/downstream/run.py), from sources fetched into
+#             .downstream/ by tools/downstream/fetch_sources.sh; installs nothing (PY=python3 where
+#             rmm_fences is installed outside .venv); DOWNSTREAM_ARGS: more options (--jobs N ...)
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmm_fences-installed
+RMM_TESTS      ?= .downstream/rmm-tests
+CUPY_TESTS     ?= .downstream/cupy-tests
+DOWNSTREAM_OUT ?= .downstream/out
 SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp')
 
-.PHONY: test demo bench install clean
+.PHONY: test demo bench downstream install clean
 
 install: $(STAMP)
 
@@ -33,6 +40,10 @@ bench: $(STAMP)
 	cd asv_bench && ../$(VENV)/bin/asv machine --yes \
 	  && ../$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) \
 	  && ../$(VENV)/bin/asv publish
+
+downstream:
+	$(PY) tools/downstream/run.py --suite rmm=$(RMM_TESTS) --suite cupy=$(CUPY_TESTS) \
+	  --out $(DOWNSTREAM_OUT) $(DOWNSTREAM_ARGS)
 
 clean:
 	rm -rf $(VENV) build

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Fetch the test suites tools/downstream/run.py runs, at the installed (or given) versions. Needs
+# network, which the GPU host lacks: run it where there is network, then copy .downstream/ over.
+#   bash tools/downstream/fetch_sources.sh                     # versions of the installed rmm, cupy
+#   CUPY_VERSION=14.2.0 RMM_VERSION=26.10.00 bash tools/downstream/fetch_sources.sh
+# cupy: tag v<version>; its tests/ becomes .downstream/cupy-tests.
+# rmm: tag vYY.MM.PP, else branch release/YY.MM, branch-YY.MM, main; python/rmm/rmm/tests becomes
+# .downstream/rmm-tests. Shallow, sparse clones; what was fetched (ref and commit) is printed and
+# written to .downstream/SOURCES. PYTHON: the interpreter that reads the versions (python3);
+# DEST: the folder (.downstream); CUPY_REPO, RMM_REPO: the git URLs (GitHub's).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dest=${DEST:-.downstream}
+py=${PYTHON:-python3}
+
+version() {  # -P: this checkout must not shadow anything
+  "$py" -P -c "import $1; print($1.__version__)" 2>/dev/null || true
+}
+
+cupy_version=${CUPY_VERSION:-$(version cupy)}
+rmm_version=${RMM_VERSION:-$(version rmm)}
+[ -n "$cupy_version" ] || { echo "cupy is not installed here: set CUPY_VERSION" >&2; exit 2; }
+[ -n "$rmm_version" ] || { echo "rmm is not installed here: set RMM_VERSION" >&2; exit 2; }
+
+rmm_refs=(main)
+if [[ $rmm_version =~ ^v?([0-9]+)\.([0-9]+)(\.([0-9]+))? ]]; then
+  yy=$((10#${BASH_REMATCH[1]})) mm=$((10#${BASH_REMATCH[2]})) pp=$((10#${BASH_REMATCH[4]:-0}))
+  rmm_refs=("$(printf 'v%02d.%02d.%02d' "$yy" "$mm" "$pp")" "$(printf 'release/%02d.%02d' "$yy" "$mm")"
+            "$(printf 'branch-%02d.%02d' "$yy" "$mm")" main)
+fi
+
+# fetch URL SUBDIR TARGET REF...: clone the first REF that exists, copy its SUBDIR to TARGET
+fetch() {
+  local url=$1 sub=$2 target=$3 tmp ref sha
+  shift 3
+  tmp=$(mktemp -d)
+  for ref in "$@"; do
+    if git clone --quiet --depth 1 --filter=blob:none --sparse --branch "$ref" "$url" \
+         "$tmp/src" 2>"$tmp/err"; then
+      git -C "$tmp/src" sparse-checkout set "$sub"
+      sha=$(git -C "$tmp/src" rev-parse HEAD)
+      rm -rf "$target"
+      cp -r "$tmp/src/$sub" "$target"
+      rm -rf "$tmp"
+      echo "$target: $url $ref ($sha)"
+      printf '%s %s %s %s\n' "$target" "$url" "$ref" "$sha" >> "$dest/SOURCES"
+      return 0
+    fi
+    echo "$url: no ref $ref" >&2
+    rm -rf "$tmp/src"
+  done
+  cat "$tmp/err" >&2
+  rm -rf "$tmp"
+  return 1
+}
+
+mkdir -p "$dest"
+: > "$dest/SOURCES"
+echo "cupy $cupy_version, rmm $rmm_version"
+fetch "${CUPY_REPO:-https://github.com/cupy/cupy.git}" tests "$dest/cupy-tests" "v$cupy_version"
+fetch "${RMM_REPO:-https://github.com/rapidsai/rmm.git}" python/rmm/rmm/tests "$dest/rmm-tests" "${rmm_refs[@]}"
