@@ -163,14 +163,14 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
             if self._exit_leaks or self.hazards:
                 sys.stderr.write(self.report())
 
-    def allocate(self, size_t nbytes, stream=None) -> int:
+    def allocate(self, size_t nbytes, stream=DEFAULT_STREAM) -> int:
         """Allocate ``nbytes`` on ``stream`` from the upstream and track the block.
 
         With ``on_hazard="raise"``, a block that the upstream hands out before the fence of
         its previous free completed (``reuse_before_fence``) goes back to the upstream and
         :class:`HazardError` is raised.
         """
-        cdef Stream s = _as_stream(stream)
+        cdef Stream s = _resource_stream(stream)
         cdef stream_ref c_stream = s.view()
         cdef hazard_record stopped
         cdef hazard_record* out = &stopped if self._strict else NULL
@@ -181,7 +181,7 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
             raise HazardError([hazard_from_fields(hazard_fields(stopped))])
         return <uintptr_t>ptr
 
-    def deallocate(self, uintptr_t ptr, size_t nbytes, stream=None) -> None:
+    def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM) -> None:
         """Free ``ptr`` on ``stream``.
 
         A double, foreign or wrong-size free never reaches the upstream. With
@@ -189,7 +189,7 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         stream that used the block still has work queued over an upstream that is not
         stream-ordered (``freed_in_flight``); the block then stays allocated.
         """
-        cdef Stream s = _as_stream(stream)
+        cdef Stream s = _resource_stream(stream)
         cdef stream_ref c_stream = s.view()
         cdef hazard_record stopped
         cdef hazard_record* out = &stopped if self._strict else NULL

@@ -41,6 +41,7 @@ cdef extern from "rmm_fences/sync_on_free_resource_adaptor.hpp" \
         namespace "rmm_fences::mr" nogil:
     cdef cppclass sync_on_free_resource_adaptor_impl \
             "rmm_fences::mr::detail::sync_on_free_resource_adaptor_impl":
+        void* allocate(stream_ref stream, size_t nbytes) except +
         free_result deallocate_checked(stream_ref stream, void* ptr, size_t nbytes) noexcept
         void flush() except +
         size_t pending_bytes() except +
@@ -166,6 +167,17 @@ def _check_upstream(upstream_mr):
         )
 
 
+cdef Stream _resource_stream(object stream):
+    """The stream argument of a resource's allocate/deallocate, by rmm's contract: omitted is
+    the default stream; None is refused (rmm raises the same TypeError)."""
+    if stream is None:
+        raise TypeError(
+            "stream argument cannot be None: omit it for the default stream, or pass an rmm "
+            "Stream (e.g. rmm.pylibrmm.stream.DEFAULT_STREAM) or a CuPy, Numba, cuda.core or "
+            "__cuda_stream__ stream")
+    return _as_stream(stream)
+
+
 cdef Stream _as_stream(object stream):
     if stream is None:
         return DEFAULT_STREAM
@@ -220,6 +232,20 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         """Number of freed blocks that did not reach the upstream yet."""
         return deref(self.c_obj).get().pending_count()
 
+    def allocate(self, size_t nbytes, stream=DEFAULT_STREAM):
+        """Allocate ``nbytes`` on ``stream`` from the upstream (retrying once after the pending
+        frees went upstream when it is short).
+
+        ``stream``: an rmm ``Stream`` or a CuPy, Numba, cuda.core or ``__cuda_stream__``
+        stream (default: the default stream; None raises TypeError, as rmm's resources do).
+        """
+        cdef Stream s = _resource_stream(stream)
+        cdef stream_ref c_stream = s.view()
+        cdef void* ptr
+        with nogil:
+            ptr = deref(self.c_obj).get().allocate(c_stream, nbytes)
+        return <uintptr_t>ptr
+
     def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM):
         """Free ``ptr`` of ``nbytes`` bytes on ``stream``, by the adaptor's mode.
 
@@ -230,7 +256,8 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         nbytes : int
             The size it was allocated with.
         stream : rmm Stream, __cuda_stream__ object or None
-            The stream whose queued work may still use the block (default stream if None).
+            The stream whose queued work may still use the block (default: the default
+            stream; None raises TypeError, as rmm's resources do).
 
         Raises
         ------
@@ -238,7 +265,7 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
             On a double free, a pointer the adaptor did not allocate, or a size that does not
             match the allocation; nothing is freed then.
         """
-        cdef Stream s = _as_stream(stream)
+        cdef Stream s = _resource_stream(stream)
         cdef stream_ref c_stream = s.view()
         cdef free_result r
         with nogil:
@@ -577,39 +604,41 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
             ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
-    def allocate(self, size_t nbytes, Stream stream=DEFAULT_STREAM):
+    def allocate(self, size_t nbytes, stream=DEFAULT_STREAM):
         """Allocate ``nbytes`` on ``stream`` (see :class:`rmm.mr.DeviceMemoryResource`).
 
-        The same-stream path runs without releasing the GIL (it never blocks and takes tens of
-        nanoseconds); only a miss, which may grow the pool, releases it.
+        ``stream`` is an rmm ``Stream`` or a CuPy, Numba, cuda.core or ``__cuda_stream__``
+        stream; None raises TypeError, as rmm's resources do. The same-stream path runs
+        without releasing the GIL (it never blocks and takes tens of nanoseconds); only a
+        miss, which may grow the pool, releases it.
         """
-        if stream is None:
-            stream = DEFAULT_STREAM
-        cdef stream_ref s = stream.view()
+        cdef Stream rs = <Stream>stream if type(stream) is Stream else _resource_stream(stream)
+        cdef stream_ref s = rs.view()
         cdef void* ptr = deref(self.c_obj).get().try_allocate_cached(s, nbytes)
         if ptr == NULL:
             with nogil:
                 ptr = deref(self.c_obj).get().allocate(s, nbytes)
         return <uintptr_t>ptr
 
-    def deallocate(self, uintptr_t ptr, size_t nbytes, Stream stream=DEFAULT_STREAM):
+    def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM):
         """Free ``ptr`` on ``stream``: reusable on ``stream`` at once, elsewhere after a fence.
 
         Never blocks (at most one event record), so the GIL is kept.
 
         Raises
         ------
+        TypeError
+            When ``stream`` is None or not a stream.
         ValueError
             When ``ptr`` is not a live block of this pool (a double free or a foreign
             pointer), when ``nbytes`` differs from the size it was allocated with, or when
             ``stream`` belongs to another device. The pool is then left unchanged (the refusal
             is counted in ``stats["rejected_frees"]``).
         """
-        if stream is None:
-            stream = DEFAULT_STREAM
+        cdef Stream rs = <Stream>stream if type(stream) is Stream else _resource_stream(stream)
         cdef size_t allocated = 0
         cdef int status = deref(self.c_obj).get().deallocate_checked(
-            stream.view(), <void*>ptr, nbytes, &allocated)
+            rs.view(), <void*>ptr, nbytes, &allocated)
         if status == 0:
             return
         if status == 2:
