@@ -264,12 +264,21 @@ def versions(cwd):
 
 
 def commit():
+    """The rmm_fences commit under test: RMM_FENCES_COMMIT, else the repository's HEAD (marked
+    when the package's sources differ from it; set RMM_FENCES_COMMIT when the installed wheel
+    was built elsewhere)."""
     if os.environ.get("RMM_FENCES_COMMIT"):
         return os.environ["RMM_FENCES_COMMIT"]
     try:
         r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
                            text=True, timeout=30)
-        return r.stdout.strip() or None
+        head = r.stdout.strip()
+        if not head:
+            return None
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
+                                "rmm_fences", "pyproject.toml", "CMakeLists.txt"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        return head + ("+uncommitted changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
