@@ -170,6 +170,34 @@ def test_timeout_kills_and_names_the_test(suite, tmp_path):
     assert crash["test"] == "test_hang.py::test_hang" and crash["reason"].startswith("timeout")
 
 
+SLOW = """
+    import time
+
+    def test_slow():
+        time.sleep(10)
+    """
+
+
+def test_deadline_leaves_files_for_resume(suite, tmp_path):
+    (suite / "test_slow.py").write_text(textwrap.dedent(SLOW))
+    out = tmp_path / "out"
+    files = ("--files", "test_pass.py", "test_slow.py")
+    r = harness("--suite", f"fake={suite}", "--out", out, *files, "--only-baseline",
+                "--jobs", 2, "--deadline", 6, "--cupy-cache", tmp_path / "kernels")
+    assert r.returncode == 0, r.stdout + r.stderr
+    entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["baseline"]
+    assert entry["files_pending"] == ["test_slow.py"] and entry["counts"]["passed"] == 3
+    assert not (out / "fake" / "baseline" / "test_slow.log").exists()
+    assert "1 file(s) not finished" in r.stdout
+
+    again = harness("--suite", f"fake={suite}", "--out", out, *files, "--only-baseline",
+                    "--resume")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "--resume: 1 file(s) already done, 1 to run" in again.stderr
+    entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["baseline"]
+    assert entry["files_pending"] == [] and entry["counts"]["passed"] == 4
+
+
 def _load_run():
     spec = importlib.util.spec_from_file_location("downstream_run", RUN)
     module = importlib.util.module_from_spec(spec)

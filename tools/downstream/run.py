@@ -20,6 +20,11 @@ results; the exit code is 1 when a chain has a regression or any process crashed
 timeout, no junit report). ``--report-only OUT`` rebuilds the summaries from an existing output
 folder (after an interrupted run: the files not finished are listed as such).
 
+A device call has a time limit: ``--deadline SECONDS`` starts no file after that and stops the
+ones still running (they stay unfinished), and a later call with ``--resume`` on the same OUT
+runs only what is unfinished; ``--cupy-cache DIR`` keeps CuPy's compiled kernels in DIR, which
+can travel from one GPU host session to the next.
+
 ``--chain NAME=SPEC`` (repeatable) replaces the chain table: those chains run on every suite,
 with no CuPy allocator. ``RMM_FENCES_DS_FAKE=1`` in the environment makes the plugin build and
 install nothing; ``tests/test_downstream_harness.py`` runs a fake suite on a CPU that way. CI does
@@ -101,6 +106,14 @@ def parse_args(argv):
     p.add_argument("--timeout-test", type=float, default=300.0,
                    help="faulthandler_timeout: a test running longer has its stacks dumped")
     p.add_argument("--only-baseline", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the files OUT already holds a finished result for; run the rest")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="start no file after SECONDS and stop the ones still running then: "
+                        "they stay unfinished, for a later --resume (a device call's limit)")
+    p.add_argument("--cupy-cache", type=Path, default=None, metavar="DIR",
+                   help="CuPy's kernel cache (CUPY_CACHE_DIR) for every process: carried from "
+                        "one GPU host session to the next, it saves the kernel compilations")
     p.add_argument("--report-only", type=Path, metavar="OUT",
                    help="rebuild summary.{json,md} from an existing output folder")
     args = p.parse_args(argv)
@@ -170,8 +183,19 @@ def child_env(extra=None):
     return {**env, **(extra or {})}
 
 
+_T0 = time.monotonic()
+
+
+def _left(args):
+    """Seconds left before --deadline (None: no deadline)."""
+    return None if args.deadline is None else args.deadline - (time.monotonic() - _T0)
+
+
 def run_job(job, suites, out, args):
     base, root = out / job["base"], suites[job["suite"]]["path"]
+    left = _left(args)
+    if left is not None and left < 1:
+        return None  # past the deadline: not started, left for --resume
     base.parent.mkdir(parents=True, exist_ok=True)
     for ext in (".xml", ".log", ".state", ".meta.json"):
         Path(f"{base}{ext}").unlink(missing_ok=True)
@@ -181,7 +205,11 @@ def run_job(job, suites, out, args):
            job["file"]]
     if not any((Path(root) / n).exists() for n in INI_FILES):  # else pytest finds ours above
         cmd[3:3] = ["-c", str(out / "empty-pytest.ini")]
-    env = child_env({**job["env"], "RMM_FENCES_DS_STATE": f"{base}.state"})
+    extra = {**job["env"], "RMM_FENCES_DS_STATE": f"{base}.state"}
+    if args.cupy_cache is not None:
+        extra["CUPY_CACHE_DIR"] = str(args.cupy_cache.resolve())
+    env = child_env(extra)
+    limit = args.timeout_file if left is None else min(args.timeout_file, left)
     t0, timed_out = time.monotonic(), False
     with open(f"{base}.log", "wb") as log:
         with _lock:  # no process starts once an interrupt has collected the running ones
@@ -191,7 +219,7 @@ def run_job(job, suites, out, args):
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             _running.add(proc)
         try:
-            proc.wait(timeout=args.timeout_file)
+            proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill(proc)
@@ -199,6 +227,10 @@ def run_job(job, suites, out, args):
             with _lock:
                 _running.discard(proc)
     if _stopping.is_set():
+        return None
+    if timed_out and limit < args.timeout_file:  # stopped by the deadline, not its own timeout
+        for ext in (".xml", ".log", ".state"):
+            Path(f"{base}{ext}").unlink(missing_ok=True)
         return None
     meta = {**job, "cmd": cmd, "rc": proc.returncode, "timed_out": timed_out,
             "timeout_s": args.timeout_file, "wall_s": round(time.monotonic() - t0, 1)}
@@ -220,17 +252,27 @@ def run_all(args):
     for name, suite in suites.items():
         for pattern in suite["missing"]:
             print(f"{name}: no file matches {pattern} (skipped)")
+    todo = jobs
+    if args.resume and (out / "run.json").is_file():
+        # The jobs of the earlier calls stay in the report; those finished are not run again.
+        earlier = json.loads((out / "run.json").read_text())
+        known = {j["base"] for j in jobs}
+        jobs = jobs + [j for j in earlier.get("jobs", []) if j["base"] not in known]
+        suites = {**earlier.get("suites", {}), **suites}
+        todo = [j for j in todo if not Path(f"{out / j['base']}.meta.json").is_file()]
+        print(f"--resume: {len(jobs) - len(todo)} file(s) already done, {len(todo)} to run",
+              file=sys.stderr)
     run = {"argv": sys.argv, "started": _now(), "suites": suites, "jobs": jobs,
            "fake": os.environ.get("RMM_FENCES_DS_FAKE", "") == "1",
            "versions": versions(out), "commit": commit()}
     (out / "run.json").write_text(json.dumps(run, indent=1))
-    print(f"{len(jobs)} pytest processes, {args.jobs} at a time, in {out}", file=sys.stderr)
+    print(f"{len(todo)} pytest processes, {args.jobs} at a time, in {out}", file=sys.stderr)
     pool = cf.ThreadPoolExecutor(max_workers=max(1, args.jobs))
-    futures = [pool.submit(run_job, j, suites, out, args) for j in jobs]  # baselines first
+    futures = [pool.submit(run_job, j, suites, out, args) for j in todo]  # baselines first
     try:
         for done, fut in enumerate(cf.as_completed(futures), 1):
             if m := fut.result():
-                print(f"[{done}/{len(jobs)}] {m['suite']} {m['chain']} {m['file']}: rc={m['rc']}"
+                print(f"[{done}/{len(todo)}] {m['suite']} {m['chain']} {m['file']}: rc={m['rc']}"
                       f"{' TIMEOUT' if m['timed_out'] else ''} {m['wall_s']} s",
                       file=sys.stderr, flush=True)
     except KeyboardInterrupt:
