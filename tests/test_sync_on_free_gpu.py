@@ -346,6 +346,23 @@ def test_size_mismatch_and_foreign_pointer_raise_and_change_nothing(cupy):
     assert naive.cached_bytes == nbytes and mr.pending_count == 0
 
 
+def _query_legacy_stream(cupy, timeout=5.0):
+    """cudaStreamQuery of the legacy default stream from a fresh thread: True (idle), False
+    (work queued), or "blocked" when the query itself did not return within ``timeout``."""
+    result = ["blocked"]
+
+    def query():
+        try:
+            result[0] = cupy.cuda.Stream.null.done
+        except Exception as exc:  # reported as is
+            result[0] = repr(exc)
+
+    t = threading.Thread(target=query, daemon=True)
+    t.start()
+    t.join(timeout)
+    return result[0]
+
+
 def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cupy, scenarios,
                                                                               rng):
     """Thread A frees a block in a capture of its per-thread default stream while a slow kernel
@@ -413,6 +430,7 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
         tb.join(30)
         if ta.is_alive() or tb.is_alive():
             dump_stacks(f"trial {i}: a thread is still blocked after 30 s")
+            print(f"legacy default stream idle: {_query_legacy_stream(cupy)}", flush=True)
         # Seen once, late in a full-suite process on an H200 (not alone, not with its file):
         # thread B blocked inside its first allocate for over 60 s. Fail fast, naming it.
         assert not ta.is_alive() and not tb.is_alive(), (
