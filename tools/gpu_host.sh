@@ -33,7 +33,12 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   if kill -0 "$pid" 2>/dev/null; then
     echo "pytest still running after ${TEST_DEADLINE:-420} s: native stacks in $out/hang_bt.txt"
     gdb=$(command -v cuda-gdb || ls /usr/local/cuda*/bin/cuda-gdb 2>/dev/null | head -1)
-    [ -n "$gdb" ] && timeout 90 "$gdb" -p "$pid" -batch -ex "thread apply all bt 40" \
+    { nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
+      for t in /proc/"$pid"/task/*; do  # the kernel's view: a spinning thread shows "running"
+        echo "$(basename "$t") $(cat "$t/comm") $(cat "$t/wchan") $(cut -c1-40 "$t/syscall")"
+      done; } > "$out/hang_threads.txt" 2>&1
+    [ -n "$gdb" ] && timeout 90 "$gdb" -p "$pid" -batch -ex "set pagination off" \
+      -ex "set non-stop off" -ex "info threads" -ex "thread apply all bt 40" \
       > "$out/hang_bt.txt" 2>&1
     kill -9 "$pid"
   fi
