@@ -36,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         "doctor",
         help="the hazard matrix: which chains survive freeing while a kernel still reads",
         description="Run the race trial in three scenarios (same-stream reuse, cross-stream "
-        "reuse, free while a kernel is in flight) on every chain and print the outcome of each cell "
-        "(correct, corrupted, crashed, hazards reported) with the cost per free.",
+        "reuse, free while a kernel is in flight) on every chain and print the outcome of each "
+        "cell (correct, corrupted, crashed, hazards reported) with the cost per free.",
     )
     doctor.add_argument("--trials", type=_positive, default=100,
                         help="trials per cell (default 100; 20 with --quick)")
