@@ -35,9 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser(
         "doctor",
         help="the hazard matrix: which chains survive freeing while a kernel still reads",
-        description="Run the seed's scenarios (same-stream reuse, cross-stream reuse, free "
-        "while a kernel is in flight) on every chain and print the outcome of each cell "
-        "(correct, corrupted, crashed, hazards reported) with the cost per free.",
+        description="Run the race trial in three scenarios (same-stream reuse, cross-stream "
+        "reuse, free while a kernel is in flight) on every chain and print the outcome of each "
+        "cell (correct, corrupted, crashed, hazards reported) with the cost per free.",
     )
     doctor.add_argument("--trials", type=_positive, default=100,
                         help="trials per cell (default 100; 20 with --quick)")
@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="also draw cost against outcome per chain (PNG, needs matplotlib)")
     reduce = sub.add_parser(
         "reduce",
-        help="the seed's loop (allocate, CUB reduce, free without a sync) over a resource",
+        help="the CUB temp-storage loop (allocate, CUB reduce, free without a sync) over a "
+        "resource",
     )
     reduce.add_argument("--resource", metavar="SPEC", default="pool(cuda_async)",
                         help="resource spec (default: pool(cuda_async))")
@@ -68,11 +69,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="trials per chain (default 200)")
     sub.add_parser(
         "pool-bench",
-        help="StreamOrderedPoolMemoryResource against rmm's pool and CudaAsync (P1-P4)",
+        help="StreamOrderedPoolMemoryResource against rmm's pool and CudaAsync: Python and "
+        "native allocate + deallocate, random allocations, threads",
     )
     sub.add_parser(
         "reduce-bench",
-        help="the seed's reduce loop per chain (P5) and cupy.sum per CuPy allocator (P6)",
+        help="the CUB temp-storage loop per chain and size, and cupy.sum per CuPy allocator",
     )
     sub.add_parser(
         "tracking-bench",

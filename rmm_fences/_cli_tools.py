@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``rmm-fences reduce`` and ``rmm-fences bench``: the seed's loop and alloc+free costs for
+"""``rmm-fences reduce`` and ``rmm-fences bench``: the CUB temp-storage loop and alloc+free
+costs for
 resource specs given on the command line."""
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ import statistics
 
 
 def reduce_loop(spec: str, n: int, iters: int) -> int:
-    """The seed's loop over ``spec``: us per call, GB/s, ratio to a preallocated buffer."""
+    """The CUB temp-storage loop over ``spec``: us per call, GB/s, ratio to a preallocated
+    buffer."""
     import cupy
 
-    from rmm_fences._reduce_bench import seed_loop_us
+    from rmm_fences._reduce_bench import cub_temp_loop_us
     from rmm_fences.compose import compose
 
     mr = compose(spec)
@@ -19,8 +21,8 @@ def reduce_loop(spec: str, n: int, iters: int) -> int:
     x = cupy.random.RandomState(1).standard_normal(n, dtype=cupy.float32)
     out = cupy.empty(1, dtype=cupy.float32)
     cupy.cuda.Device().synchronize()
-    floor = seed_loop_us(cupy, stream, x, out, None, iters)
-    us = seed_loop_us(cupy, stream, x, out, mr, iters)
+    floor = cub_temp_loop_us(cupy, stream, x, out, None, iters)
+    us = cub_temp_loop_us(cupy, stream, x, out, mr, iters)
     gbs = x.nbytes / (us * 1e-6) / 1e9
     print(f"{spec}: sum of {n} float32, {iters} calls: {us:.2f} us per call, {gbs:.1f} GB/s, "
           f"{us / floor:.2f}x the preallocated temp buffer ({floor:.2f} us)")

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m rmm_fences demo``: the seed's race, unsafe and fixed, and what each fix costs."""
+"""``python -m rmm_fences demo``: the race trial, unsafe and fixed, and what each fix costs."""
 
 from __future__ import annotations
 

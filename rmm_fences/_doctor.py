@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``rmm-fences doctor``: the seed's question answered on this GPU, as a matrix.
+"""``rmm-fences doctor``: must you sync before ``deallocate``? Answered on this GPU, as a matrix.
 
 Rows are resource chains (specs, see :mod:`rmm_fences.compose`), columns are scenarios; each
 cell runs ``trials`` times: a slow kernel reads a block of fresh random data and sums it in
-float64 while the host frees the block at once (the seed, without a sync), then
+float64 while the host frees the block at once, without a sync (the race trial), then
 
 - ``same_stream_reuse``: allocates the same size on the same stream and overwrites it;
 - ``cross_stream_reuse``: allocates the same size on another stream and overwrites it there;

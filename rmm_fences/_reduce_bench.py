@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m rmm_fences reduce-bench``: the seed's loop per chain (P5) and ``cupy.sum``
-per CuPy allocator (P6), every peer in the same process.
+"""``python -m rmm_fences reduce-bench``: the CUB temp-storage loop per chain and ``cupy.sum``
+per CuPy allocator, every peer in the same process.
 
-P5: each call allocates CUB's temp storage from the chain (its size, queried once, is cached
-like the reducer), launches the reduce and frees it on the stream without a sync;
-"preallocated" launches cuda.compute's reducer directly with a buffer allocated once (the
-floor: no wrapper, no allocation). Time per call: CUDA events around K back-to-back calls on one stream (so a host-bound
-loop shows as such), median of rounds. Bandwidth: input bytes per call over time per call,
-against a device-to-device copy measured in the same run (read + write bytes).
+The CUB temp-storage loop: each call allocates CUB's temp storage from the chain (its size,
+queried once, is cached like the reducer), launches the reduce and frees it on the stream
+without a sync; "preallocated" launches cuda.compute's reducer directly with a buffer allocated
+once (the floor: no wrapper, no allocation). Time per call: CUDA events around K back-to-back
+calls on one stream (so a host-bound loop shows as such), median of rounds. Bandwidth: input
+bytes per call over time per call, against a device-to-device copy measured in the same run
+(read + write bytes).
 """
 
 from __future__ import annotations
@@ -77,9 +78,9 @@ def copy_bandwidth(cupy, stream, nbytes=1 << 30):
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
-def seed_loop_fn(cupy, stream, x, out, mr):
-    """One call of the seed's loop on ``stream``, as a function of no argument (``mr=None``: the
-    floor, the reducer called directly on a buffer allocated once)."""
+def cub_temp_loop_fn(cupy, stream, x, out, mr):
+    """One call of the CUB temp-storage loop on ``stream``, as a function of no argument
+    (``mr=None``: the floor, the reducer called directly on a buffer allocated once)."""
     from rmm_fences import reduce as rf
     from rmm_fences._streams import StreamHandle
 
@@ -103,19 +104,19 @@ def seed_loop_fn(cupy, stream, x, out, mr):
     return lambda: rf.device_sum(x, out, mr=mr, stream=stream)
 
 
-def seed_loop_us(cupy, stream, x, out, mr, iters, rounds=5) -> float:
-    """Microseconds per call of the seed's loop on ``stream`` (``mr=None``: the floor)."""
-    fn = seed_loop_fn(cupy, stream, x, out, mr)
+def cub_temp_loop_us(cupy, stream, x, out, mr, iters, rounds=5) -> float:
+    """Microseconds per call of the CUB temp-storage loop on ``stream`` (``mr=None``: the floor)."""
+    fn = cub_temp_loop_fn(cupy, stream, x, out, mr)
     fn()  # warm up (and JIT)
     stream.synchronize()
     us = _time_calls(cupy, stream, fn, iters, rounds)
     got, ref = float(out.get()[0]), float(x.astype(cupy.float64).sum().get())
     if not np.isclose(got, ref, rtol=1e-3, atol=1e-2):
-        raise AssertionError(f"seed loop over {mr!r}: wrong sum {got} vs {ref}")
+        raise AssertionError(f"CUB temp-storage loop over {mr!r}: wrong sum {got} vs {ref}")
     return us
 
 
-def p5(cupy):
+def loop_per_chain(cupy):
     stream = cupy.cuda.Stream(non_blocking=True)
     rng = cupy.random.RandomState(5)
     results = {}
@@ -124,12 +125,12 @@ def p5(cupy):
         out = cupy.empty(1, dtype=cupy.float32)
         cupy.cuda.Device().synchronize()
         for name, mr in _chains().items():
-            results[(label, name)] = seed_loop_us(cupy, stream, x, out, mr, ITERS[label])
+            results[(label, name)] = cub_temp_loop_us(cupy, stream, x, out, mr, ITERS[label])
         del x
     return results
 
 
-def p6(cupy, n=1 << 20, iters=3000, rounds=5):
+def cupy_sum_per_allocator(cupy, n=1 << 20, iters=3000, rounds=5):
     from cupy._core import _accelerator
     from rmm.allocators.cupy import rmm_cupy_allocator
 
@@ -155,7 +156,7 @@ def p6(cupy, n=1 << 20, iters=3000, rounds=5):
             with cupy.cuda.using_allocator(alloc):
                 got = float(x.sum().get())
                 if not np.isclose(got, ref, rtol=1e-3):
-                    raise AssertionError(f"P6 {name}: wrong sum {got} vs {ref}")
+                    raise AssertionError(f"cupy.sum with {name}: wrong sum {got} vs {ref}")
                 times = []
                 for _ in range(rounds):
                     cupy.cuda.Device().synchronize()
@@ -177,9 +178,9 @@ def run() -> int:
 
     stream = cupy.cuda.Stream(non_blocking=True)
     bw_copy = copy_bandwidth(cupy, stream)
-    r5 = p5(cupy)
+    r5 = loop_per_chain(cupy)
     names = list(_chains())
-    print(f"P5 the seed loop, float32 sum, us per call (ratio to preallocated); "
+    print(f"the CUB temp-storage loop, float32 sum, us per call (ratio to preallocated); "
           f"device-to-device copy {bw_copy:.0f} GB/s")
     header = f"{'chain':<30}" + "".join(f"{label:>18}" for label in SIZES)
     print(header)
@@ -198,9 +199,9 @@ def run() -> int:
     print("targets at 1M: rmm_fences_pool <= 1.05x, sync_on_free deferred <= 1.10x; at 256M "
           ">= 95% of the copy's bandwidth")
     print()
-    r6 = p6(cupy)
+    r6 = cupy_sum_per_allocator(cupy)
     base = r6["cupy MemoryPool"]
-    print("P6 cupy.sum of 1M float32 with CUB, us per call (ratio to CuPy's MemoryPool)")
+    print("cupy.sum of 1M float32 with CUB, us per call (ratio to CuPy's MemoryPool)")
     for name, us in r6.items():
         print(f"  {name:<40} {us:>8.2f} us  {us / base:>5.2f}x")
     print("target: CupyAllocator(rmm_fences_pool) <= 1.15x CuPy's MemoryPool")

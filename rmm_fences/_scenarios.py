@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The seed's race on a real GPU: a slow kernel still reads a block when the host frees it.
+"""The race trial on a real GPU: a slow kernel still reads a block when the host frees it.
 
 Needs CuPy and a CUDA device. Used by the tests and by ``python -m rmm_fences demo``.
 """

@@ -34,7 +34,7 @@ def crash() -> int:
     out = cupy.zeros(1, dtype=cupy.float64)
     s.synchronize()
     _scenarios.slow_checksum(a, count, 200, out, s)  # reads the block after 200 ms
-    mr.deallocate(a, count * 4, rs)  # unmaps at once: the seed without a sync
+    mr.deallocate(a, count * 4, rs)  # unmaps at once: free while in flight, no sync
     error = None
     try:
         s.synchronize()

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """CUB's device-wide reduce through ``cuda.compute``, with its temp storage from any RMM
-resource: the seed's loop (query the size, allocate, launch, free without a sync).
+resource: the CUB temp-storage loop (query the size, allocate, launch, free without a sync).
 
 >>> import cupy
 >>> from rmm_fences.reduce import device_sum
@@ -215,7 +215,7 @@ def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
 
     Query the temp size (once per dtype, op, device and length: the answer is cached),
     ``mr.allocate(nbytes, stream)``, launch, ``mr.deallocate(ptr, nbytes, stream)`` right
-    after the launch, with no synchronization: the seed's loop. The
+    after the launch, with no synchronization: the CUB temp-storage loop. The
     resource must order the reuse of the freed block after the launch (rmm_fences' pool,
     ``SyncOnFreeResourceAdaptor``, rmm's pool and CudaAsync do; an unsafe cache does not).
 
@@ -270,7 +270,7 @@ def _launch(reducer, d_in, d_out, n, op, init, handle, resource, device):
             fn(temp_storage=TempStorage(ptr, size), d_in=d_in, d_out=d_out, num_items=n, op=op,
                h_init=init, stream=cc_stream)
     finally:
-        resource.deallocate(ptr, size, rs)  # no sync: the seed's question
+        resource.deallocate(ptr, size, rs)  # no sync: the resource orders the reuse
 
 
 def _cupy_stream(cupy, handle):

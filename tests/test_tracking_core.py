@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The hazard tracker's policy core on a simulated device (no GPU).
 
-A model written from the hazard definitions (DESIGN.md, the tracker's docstring) predicts, for
-every call, which hazard the core must report; random programs compare the two record by
-record. Correct programs (every free ordered after the work that used the block) must never
+A model written from the hazard definitions (docs/design.md#hazards, the tracker's docstring)
+predicts, for every call, which hazard the core must report; random programs compare the two
+record by record. Correct programs (every free ordered after the work that used the block) must never
 produce a report.
 """
 

@@ -18,6 +18,11 @@ import os
 PEERS = ("rmm_pool", "cuda_async")
 PAIRS = 1000  # asv_bench/benchmarks/alloc_free.py: pairs per timed call
 CALLS = 20  # asv_bench/benchmarks/reduce.py: calls per timed call
+# Benchmarks renamed since results were published (docs/data/asv holds the old names).
+RENAMED = {
+    "reduce.SeedLoop.time_seed_loop": "reduce.CubTempStorageLoop.time_loop",
+    "reduce.SeedLoop.track_bandwidth_gbs": "reduce.CubTempStorageLoop.track_bandwidth_gbs",
+}
 
 
 def load(results_dir: str, machine: str):
@@ -34,6 +39,7 @@ def load(results_dir: str, machine: str):
                 continue
             params = [[p.strip("'") for p in ps] for ps in row["params"]]
             keys = list(itertools.product(*params)) if params else [()]
+            name = RENAMED.get(name, name)
             values[name] = {k: v for k, v in zip(keys, row["result"]) if v is not None}
             commits[name] = res["commit_hash"][:8]
     return values, commits
@@ -104,15 +110,15 @@ def report(values, commits) -> str:
     b = "alloc_free.AllocFree.time_python_pairs"
     parts.append(per_size(values, b, 1e6 / PAIRS, PEERS, "Python allocate + deallocate, us per "
                           "pair (ratio to rmm_pool / to cuda_async)", "us", commits.get(b)))
-    b = "reduce.SeedLoop.time_seed_loop"
-    parts.append(per_size(values, b, 1e6 / CALLS, ("preallocated",), "The seed's loop over n "
-                          "float32, us per call (ratio to the preallocated temp buffer)", "us",
-                          commits.get(b), suffix=""))
-    b = "reduce.SeedLoop.track_bandwidth_gbs"
-    parts.append(per_size(values, b, 1.0, ("preallocated",), "The seed's loop over n "
-                          "float32, achieved bandwidth (in brackets: its time per call over the "
-                          "preallocated buffer's)", "GB/s", commits.get(b), higher_is_better=True,
-                          suffix=""))
+    b = "reduce.CubTempStorageLoop.time_loop"
+    parts.append(per_size(values, b, 1e6 / CALLS, ("preallocated",), "The CUB temp-storage "
+                          "loop over n float32, us per call (ratio to the preallocated temp "
+                          "buffer)", "us", commits.get(b), suffix=""))
+    b = "reduce.CubTempStorageLoop.track_bandwidth_gbs"
+    parts.append(per_size(values, b, 1.0, ("preallocated",), "The CUB temp-storage "
+                          "loop over n float32, achieved bandwidth (in brackets: its time per "
+                          "call over the preallocated buffer's)", "GB/s", commits.get(b),
+                          higher_is_better=True, suffix=""))
     for b, label, unit, scale, peer in (
             ("throughput.RandomAllocations.track_ops_per_s", "Random allocations (RMM's "
              "RANDOM_ALLOCATIONS shape), ops/s, speed-up over rmm_pool", "ops/s", 1.0,
@@ -122,7 +128,7 @@ def report(values, commits) -> str:
             ("alloc_free.DeferredFence.track_cost_per_free_ns", "What a deferred SyncOnFree adds "
              "per free over its upstream", "ns", 1.0, None),
             ("high_water.HighWater.track_peak_device_bytes", "Device memory high-water of the "
-             "seed's loop on two streams plus 64 MiB held (ratio to cuda)", "MiB",
+             "CUB temp-storage loop on two streams plus 64 MiB held (ratio to cuda)", "MiB",
              1 / (1 << 20), "cuda")):
         data = values.get(b)
         if not data:
@@ -170,7 +176,7 @@ def charts(values, png_dir: str) -> list[str]:
     axes[0].set_yscale("log")
     axes[0].set_ylabel("ns per native allocate + deallocate (log)")
     axes[0].legend(fontsize=8)
-    data = values.get("reduce.SeedLoop.time_seed_loop", {})
+    data = values.get("reduce.CubTempStorageLoop.time_loop", {})
     chains = [c for c in dict.fromkeys(k[0] for k in data) if c != "preallocated"]
     sizes = list(dict.fromkeys(k[1] for k in data))
     width = 0.8 / max(len(sizes), 1)
@@ -181,7 +187,7 @@ def charts(values, png_dir: str) -> list[str]:
     axes[1].axhline(1.0, color="black", linewidth=0.8)
     axes[1].set_xticks([j + 1.5 * width for j in range(len(chains))], chains, rotation=30,
                        ha="right", fontsize=8)
-    axes[1].set_ylabel("seed loop time / preallocated temp buffer")
+    axes[1].set_ylabel("loop time / preallocated temp buffer")
     axes[1].legend(title="n (float32)", fontsize=8)
     data = values.get("throughput.RandomAllocations.track_ops_per_s", {})
     chains = [k[0] for k in data]

@@ -37,7 +37,7 @@ class HighWater:
               for k, n in enumerate((1 << 16, 1 << 20, 16 << 20))]
         out = cupy.empty(len(xs) * 100, dtype=cupy.float32)
         cupy.cuda.Device().synchronize()
-        for i in range(100 * len(xs)):  # the seed's loop on two streams
+        for i in range(100 * len(xs)):  # the CUB temp-storage loop on two streams
             device_sum(xs[i % len(xs)], out[i:i + 1], mr=mr, stream=s[i % 2])
         held = [mr.allocate(1 << 20) for _ in range(64)]  # plus 64 MiB held at once
         for p in held:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The seed's loop per chain and size (allocate CUB temp, reduce, free without a sync), with a
-preallocated temp buffer as the floor; and cupy.sum per CuPy allocator."""
+"""The CUB temp-storage loop per chain and size (allocate CUB temp, reduce, free without a sync),
+with a preallocated temp buffer as the floor; and cupy.sum per CuPy allocator."""
 
 from ._common import CHAINS, make, require_gpu
 
@@ -10,7 +10,7 @@ SIZES = [1 << 10, 1 << 20, 16 << 20, 256 << 20]
 CALLS = 20
 
 
-class SeedLoop:
+class CubTempStorageLoop:
     params = [["preallocated", *CHAINS], SIZES]
     param_names = ["chain", "n"]
     timeout = 300
@@ -19,7 +19,7 @@ class SeedLoop:
         require_gpu()
         import cupy
 
-        from rmm_fences._reduce_bench import seed_loop_fn
+        from rmm_fences._reduce_bench import cub_temp_loop_fn
 
         self.cupy = cupy
         self.mr = None if chain == "preallocated" else make(chain)
@@ -28,19 +28,19 @@ class SeedLoop:
         self.out = cupy.empty(1, dtype=cupy.float32)
         cupy.cuda.Device().synchronize()
         # preallocated: cuda.compute's reducer on a temp buffer allocated once (the floor)
-        self.fn = seed_loop_fn(cupy, self.stream, self.x, self.out, self.mr)
+        self.fn = cub_temp_loop_fn(cupy, self.stream, self.x, self.out, self.mr)
         self.fn()  # warm up (JIT, CUB's temp size)
         self.stream.synchronize()
 
-    def time_seed_loop(self, chain, n):
+    def time_loop(self, chain, n):
         for _ in range(CALLS):
             self.fn()
         self.stream.synchronize()
 
     def track_bandwidth_gbs(self, chain, n):
-        from rmm_fences._reduce_bench import seed_loop_us
+        from rmm_fences._reduce_bench import cub_temp_loop_us
 
-        us = seed_loop_us(self.cupy, self.stream, self.x, self.out, self.mr, 50, 3)
+        us = cub_temp_loop_us(self.cupy, self.stream, self.x, self.out, self.mr, 50, 3)
         return self.x.nbytes / (us * 1e-6) / 1e9
 
     track_bandwidth_gbs.unit = "GB/s"

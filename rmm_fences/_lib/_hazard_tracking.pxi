@@ -362,7 +362,7 @@ class HazardTrackingResourceAdaptor(_HazardTrackingResourceAdaptor):
 
     Notes
     -----
-    Hazards (the names of DESIGN.md):
+    Hazards (the names of docs/design.md#hazards):
 
     - ``double_free``, ``foreign_free``, ``size_mismatch``: never reach the upstream.
     - ``freed_in_flight``: over an upstream that is not stream-ordered, a stream that used the

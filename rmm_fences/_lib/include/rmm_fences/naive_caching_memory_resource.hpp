@@ -12,8 +12,8 @@ namespace rmm_fences::mr {
 /**
  * @brief UNSAFE: a size-keyed cache that reuses freed blocks on any stream with no fence.
  *
- * Reproduces the hazard of DESIGN.md (a block freed while a kernel still reads it is handed to
- * another stream at once). Wrap it in `sync_on_free_resource_adaptor` to make it safe.
+ * Reproduces the hazard of docs/design.md#the-question (a block freed while a kernel still reads it
+ * is handed to another stream at once). Wrap it in `sync_on_free_resource_adaptor` to make it safe.
  */
 class naive_caching_memory_resource
   : public cuda::mr::shared_resource<detail::naive_caching_memory_resource_impl> {

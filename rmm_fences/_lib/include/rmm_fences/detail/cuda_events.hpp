@@ -1,7 +1,8 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * CUDA mechanism (DESIGN.md layer 2): pooled events as fences, capture state, device guard.
+ * CUDA mechanism (docs/design.md#layers, CUDA platforms): pooled events as fences, capture state,
+ * device guard.
  */
 #pragma once
 

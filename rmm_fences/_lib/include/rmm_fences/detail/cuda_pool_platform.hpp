@@ -1,8 +1,8 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * CUDA mechanism (DESIGN.md layer 2) of the stream-ordered pool: stream identity, fences,
- * device-side waits.
+ * CUDA mechanism (docs/design.md#layers, CUDA platforms) of the stream-ordered pool: stream
+ * identity, fences, device-side waits.
  */
 #pragma once
 

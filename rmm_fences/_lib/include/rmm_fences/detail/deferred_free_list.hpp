@@ -1,7 +1,7 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * Policy core of the deferred free (DESIGN.md layer 1): no CUDA calls.
+ * Policy core of the deferred free (docs/design.md#layers, policy cores): no CUDA calls.
  */
 #pragma once
 

@@ -1,10 +1,10 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * CUDA mechanism (DESIGN.md layer 2): the few driver entry points on the deferred-free hot
- * path, obtained through the runtime (no link against libcuda). The driver calls skip the
- * runtime's per-call bookkeeping; every caller falls back to the runtime call when an entry
- * point is missing or the driver reports no current context.
+ * CUDA mechanism (docs/design.md#layers, CUDA platforms): the few driver entry points on the
+ * deferred-free hot path, obtained through the runtime (no link against libcuda). The driver calls
+ * skip the runtime's per-call bookkeeping; every caller falls back to the runtime call when an
+ * entry point is missing or the driver reports no current context.
  */
 #pragma once
 

@@ -1,8 +1,8 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * Policy core (DESIGN.md layer 1): a free list with O(log n) best fit and coalescing.
- * No CUDA calls, no locks: its owner serializes access.
+ * Policy core (docs/design.md#layers, policy cores): a free list with O(log n) best fit and
+ * coalescing. No CUDA calls, no locks: its owner serializes access.
  */
 #pragma once
 

@@ -1,9 +1,9 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * Policy core (DESIGN.md layer 1) of the hazard tracker: the bookkeeping of live and freed
- * blocks and the rules that name a hazard. No CUDA calls: streams, fences and the upstream are
- * template parameters, so the CPU tests run this very code on a simulated device.
+ * Policy core (docs/design.md#layers, policy cores) of the hazard tracker: the bookkeeping of live
+ * and freed blocks and the rules that name a hazard. No CUDA calls: streams, fences and the
+ * upstream are template parameters, so the CPU tests run this very code on a simulated device.
  *
  * Platform provides
  *   stream_type, fence_type

@@ -1,8 +1,8 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * CUDA mechanism (DESIGN.md layer 2): NVTX memory annotations, so that compute-sanitizer's
- * memcheck checks accesses inside sub-allocations of a pool.
+ * CUDA mechanism (docs/design.md#layers, CUDA platforms): NVTX memory annotations, so that
+ * compute-sanitizer's memcheck checks accesses inside sub-allocations of a pool.
  *
  * Each allocation is registered as a region of a sub-allocator heap. The heap is the device
  * allocation that contains it (`cuMemGetAddressRange`: a pool's chunk), registered the first

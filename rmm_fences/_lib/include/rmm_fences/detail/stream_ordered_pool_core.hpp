@@ -1,8 +1,9 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * Policy core of StreamOrderedPoolMemoryResource (DESIGN.md layer 1): no CUDA calls. The CUDA
- * build plugs in `cuda_pool_platform`; the CPU tests plug in manual fences and host memory.
+ * Policy core of StreamOrderedPoolMemoryResource (docs/design.md#layers, policy cores): no CUDA
+ * calls. The CUDA build plugs in `cuda_pool_platform`; the CPU tests plug in manual fences and host
+ * memory.
  */
 #pragma once
 

@@ -1,9 +1,9 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * Policy core of SyncOnFreeResourceAdaptor (DESIGN.md layer 1): no CUDA calls. The CUDA build
- * plugs in `cuda_platform` (events, stream sync); the CPU tests plug in manual fences and host
- * memory, so both run this very code.
+ * Policy core of SyncOnFreeResourceAdaptor (docs/design.md#layers, policy cores): no CUDA calls.
+ * The CUDA build plugs in `cuda_platform` (events, stream sync); the CPU tests plug in manual
+ * fences and host memory, so both run this very code.
  */
 #pragma once
 

@@ -1,8 +1,8 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * CUDA mechanism (DESIGN.md layer 2): the driver's virtual memory management entry points,
- * obtained through the runtime (no link against libcuda at build time).
+ * CUDA mechanism (docs/design.md#layers, CUDA platforms): the driver's virtual memory management
+ * entry points, obtained through the runtime (no link against libcuda at build time).
  */
 #pragma once
 

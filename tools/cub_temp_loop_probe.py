@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Why do the asv seed-loop `time_` (host wall time of 20 calls + sync) and `track_` (CUDA
-events over 50 back-to-back calls) disagree for some chains? Per chain and size, us per call:
+"""Why do the asv CUB temp-storage loop's `time_` (host wall time of 20 calls + sync) and
+`track_` (CUDA events over 50 back-to-back calls) disagree for some chains? Per chain and
+size, us per call:
   burst     wall time of 20 calls + stream sync, the chain and loop warm (median of 50 bursts)
   fresh     the same burst right after a fresh chain + loop + one warm-up call (asv's pattern:
             setup runs again before every sample), median of 10
@@ -13,7 +14,7 @@ import time
 
 import cupy
 
-from rmm_fences._reduce_bench import seed_loop_fn, seed_loop_us
+from rmm_fences._reduce_bench import cub_temp_loop_fn, cub_temp_loop_us
 from rmm_fences.compose import compose
 
 CHAINS = {"preallocated": None, "rmm_fences_pool": "pool(cuda, initial_pool_size=1GiB)",
@@ -38,19 +39,19 @@ def main():
         out = cupy.empty(1, dtype=cupy.float32)
         for name, spec in CHAINS.items():
             mr = compose(spec) if spec else None
-            fn = seed_loop_fn(cupy, stream, x, out, mr)
+            fn = cub_temp_loop_fn(cupy, stream, x, out, mr)
             fn()
             stream.synchronize()
             warm = statistics.median(burst(fn, stream) for _ in range(50))
             fresh = []
             for _ in range(10):
                 mr2 = compose(spec) if spec else None
-                fn2 = seed_loop_fn(cupy, stream, x, out, mr2)
+                fn2 = cub_temp_loop_fn(cupy, stream, x, out, mr2)
                 fn2()
                 stream.synchronize()
                 fresh.append(burst(fn2, stream))
                 del fn2, mr2
-            ev = seed_loop_us(cupy, stream, x, out, mr, 50, 3)
+            ev = cub_temp_loop_us(cupy, stream, x, out, mr, 50, 3)
             print(f"{name:18s} {n:9d} {warm:8.1f} {statistics.median(fresh):8.1f} {ev:8.1f}",
                   flush=True)
 
