@@ -143,3 +143,20 @@ def test_threaded_benchmarks_validate_their_streams_before_any_cuda_call():
         threaded_stream_queries("flush", 10, [])
     with pytest.raises(ValueError, match="streams must hold at least one stream"):
         threaded_stream_queries("get_id", 10, [])
+
+
+def test_the_installed_package_holds_no_test_or_benchmark_source():
+    pkg = pathlib.Path(rmm_fences.__file__).parent
+    files = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
+    assert not [f for f in files if "_testing" in f or "/testing/" in f or "vmm_child" in f]
+    assert not [f for f in files if f.endswith("bench.hpp")]
+    headers = sorted(f for f in files if f.endswith(".hpp"))
+    assert headers and all(f.startswith("_lib/include/rmm_fences/") for f in headers)
+
+
+def test_the_vmm_child_runs_from_the_tests_directory():
+    child = pathlib.Path(__file__).resolve().parent / "vmm_child.py"
+    res = subprocess.run([sys.executable, "-P", str(child)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "tests/vmm_child.py crash" in res.stderr
