@@ -48,4 +48,4 @@ downstream:
 	  --out $(DOWNSTREAM_OUT) $(DOWNSTREAM_ARGS)
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf $(VENV) build tests/native/rmm_fences_testing*.so
