@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # make test : create .venv, install rmm_fences with its test and dask extras, run the tests
+#             (install also builds the host test harness, tests/native/rmm_fences_testing*.so,
+#             with -DRMM_FENCES_BUILD_TESTS=ON: it is not installed, the package is as shipped)
 # make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the seed's reduce
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
@@ -15,7 +17,7 @@ STAMP  := $(VENV)/.rmm_fences-installed
 RMM_TESTS      ?= .downstream/rmm-tests
 CUPY_TESTS     ?= .downstream/cupy-tests
 DOWNSTREAM_OUT ?= .downstream/out
-SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp')
+SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name CMakeLists.txt)
 
 .PHONY: test demo bench downstream install clean
 
@@ -24,7 +26,7 @@ install: $(STAMP)
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet ".[test,dask]"
+	$(PY) -m pip install --quiet -C cmake.define.RMM_FENCES_BUILD_TESTS=ON ".[test,dask]"
 	touch $@
 
 test: $(STAMP)
@@ -46,4 +48,4 @@ downstream:
 	  --out $(DOWNSTREAM_OUT) $(DOWNSTREAM_ARGS)
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf $(VENV) build tests/native/rmm_fences_testing*.so

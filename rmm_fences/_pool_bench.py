@@ -57,7 +57,7 @@ def measure() -> dict:
             alloc_free_ns(mr, MiB, 200000) for _ in range(5))
         out[name]["native_ns_stream"] = statistics.median(
             alloc_free_ns(mr, MiB, 200000, stream) for _ in range(5))
-        out[name]["random_ops"] = random_allocations(mr, 200000, seed=42, stream=stream)
+        out[name]["random_ops"] = random_allocations(mr, 200000, random_state=42, stream=stream)
         out[name]["threads_1"] = threaded_alloc_free(mr, MiB, 100000, streams[:1])
         out[name]["threads_8"] = threaded_alloc_free(mr, MiB, 100000, streams)
         # each C++ thread's own per-thread default stream: no cuStreamGetId per call

@@ -8,14 +8,14 @@ from typing import Any
 
 import rmm  # noqa: F401
 
-from rmm_fences._lib.memory_resource import (
+from rmm_fences._lib._bench import (
     alloc_free_ns,
     fence_call_ns,
     random_allocations,
     threaded_alloc_free,
     threaded_stream_queries,
 )
-from rmm_fences._lib.memory_resource import stress as _native_stress
+from rmm_fences._lib._bench import stress as _native_stress
 
 __all__ = [
     "STRESS_KERNELS",
@@ -80,7 +80,7 @@ def _stress_kernels(device: int):
 
 
 def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
-           max_bytes: int | str = "4MiB", max_live: int = 32, seed: int = 0,
+           max_bytes: int | str = "4MiB", max_live: int = 32, random_state: int = 0,
            check_delay_ns: int = 20000) -> dict:
     """Multi-threaded data-checking stress of ``mr`` (needs CuPy and a GPU).
 
@@ -98,8 +98,9 @@ def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
     streams : int or list
         A number of new non-blocking CuPy streams to create, or the streams themselves (rmm,
         CuPy, cuda.core or ``__cuda_stream__``); one thread each.
-    seconds, max_bytes, max_live, seed, check_delay_ns
-        As in ``rmm_fences._lib.memory_resource.stress``.
+    seconds, max_bytes, max_live, random_state, check_delay_ns
+        As in ``rmm_fences._lib._bench.stress`` (``random_state`` starts the random generator
+        of the sizes, choices and patterns).
 
     Returns the native counters (``iterations``, ``allocations``, ``bytes``,
     ``cross_stream_frees``, ``out_of_memory``, ``checks``, ``seconds``) and ``errors``: the
@@ -119,6 +120,7 @@ def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
     cupy.cuda.Device().synchronize()  # the counter is zero before any stream uses it
     stats = _native_stress(mr, list(streams), seconds, fill_kernel=fill, check_kernel=check,
                            errors=errors.data.ptr, max_bytes=max_bytes, max_live=max_live,
-                           seed=seed, check_delay_ns=check_delay_ns)
+                           random_state=random_state,
+                           check_delay_ns=check_delay_ns)
     stats["errors"] = int(errors.get()[0])
     return stats

@@ -1,9 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 import os
+import pathlib
+import sys
 
 import pytest
 
 from rmm_fences._cuda import device_count, no_device_reason
+
+#: The host test harness (``rmm_fences_testing``, the policy cores on host memory) is built
+#: beside its sources by ``make install`` (CMake option RMM_FENCES_BUILD_TESTS=ON); it is no
+#: part of the installed package.
+NATIVE_TESTS = pathlib.Path(__file__).resolve().parent / "native"
+sys.path.insert(0, str(NATIVE_TESTS))
+
+
+def pytest_report_header(config):
+    built = sorted(NATIVE_TESTS.glob("rmm_fences_testing*.so"))
+    if built:
+        return f"host test harness: {built[0]}"
+    return ("host test harness: NOT BUILT (the *_core tests cannot import rmm_fences_testing; "
+            "`make install` builds it with -C cmake.define.RMM_FENCES_BUILD_TESTS=ON)")
 
 #: Set to 1 on a GPU host: a ``gpu`` test that skips (no device found, or a skip at run time)
 #: fails instead, so a run cannot pass with GPU tests quietly left out.

@@ -35,11 +35,39 @@ def test_typed_stubs_are_installed():
     lib = pathlib.Path(rmm_fences.__file__).parent / "_lib"
     stub = (lib / "memory_resource.pyi").read_text()
     for name in ("class SyncOnFreeResourceAdaptor", "class NaiveCachingMemoryResource",
-                 "class StreamOrderedPoolMemoryResource", "def alloc_free_ns",
-                 "def random_allocations", "def threaded_alloc_free",
+                 "class StreamOrderedPoolMemoryResource",
                  "class HazardTrackingResourceAdaptor", "class UnmappingVmmMemoryResource"):
         assert name in stub
+    bench_stub = (lib / "_bench.pyi").read_text()
+    for name in ("def alloc_free_ns", "def fence_call_ns", "def random_allocations",
+                 "def threaded_alloc_free", "def threaded_stream_queries", "def stress"):
+        assert name in bench_stub
+        assert name not in stub
     assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
+
+
+def test_the_resources_module_holds_no_benchmark_loop():
+    from rmm_fences._lib import _bench, memory_resource
+
+    for name in ("alloc_free_ns", "fence_call_ns", "random_allocations", "stress",
+                 "threaded_alloc_free", "threaded_stream_queries"):
+        assert not hasattr(memory_resource, name)
+        assert callable(getattr(_bench, name))
+    assert rmm_fences.bench.alloc_free_ns is _bench.alloc_free_ns
+
+
+def test_benchmark_randomness_is_named_random_state():
+    from rmm_fences.bench import random_allocations, stress
+
+    mr = rmm.mr.CudaMemoryResource()
+    # the argument is accepted, then validation fails before any CUDA call
+    with pytest.raises(ValueError, match="max_live must be positive"):
+        random_allocations(mr, 10, max_live=0, random_state=7)
+    with pytest.raises(ValueError, match="streams must be at least 1"):
+        stress(mr, 0, 1.0, random_state=7)
+    for fn, args in ((random_allocations, (mr, 10)), (stress, (mr, 0, 1.0))):
+        with pytest.raises(TypeError, match="seed"):
+            fn(*args, seed=7)
 
 
 @pytest.mark.parametrize("bad", [None, "cuda", 3, object()])
@@ -115,3 +143,20 @@ def test_threaded_benchmarks_validate_their_streams_before_any_cuda_call():
         threaded_stream_queries("flush", 10, [])
     with pytest.raises(ValueError, match="streams must hold at least one stream"):
         threaded_stream_queries("get_id", 10, [])
+
+
+def test_the_installed_package_holds_no_test_or_benchmark_source():
+    pkg = pathlib.Path(rmm_fences.__file__).parent
+    files = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
+    assert not [f for f in files if "_testing" in f or "/testing/" in f or "vmm_child" in f]
+    assert not [f for f in files if f.endswith("bench.hpp")]
+    headers = sorted(f for f in files if f.endswith(".hpp"))
+    assert headers and all(f.startswith("_lib/include/rmm_fences/") for f in headers)
+
+
+def test_the_vmm_child_runs_from_the_tests_directory():
+    child = pathlib.Path(__file__).resolve().parent / "vmm_child.py"
+    res = subprocess.run([sys.executable, "-P", str(child)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "tests/vmm_child.py crash" in res.stderr

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from rmm_fences._lib._testing import HostStreamOrderedPool
+from rmm_fences_testing import HostStreamOrderedPool
 
 STREAMS = st.sampled_from([0, 1, 2, 3, 4])
 GRANULE = 256
@@ -333,8 +333,8 @@ def test_real_threads_keep_the_oracle():
     """Eight C++ threads (no GIL) on their own streams: allocations, frees on their own and a
     neighbour's stream, retire, release, out-of-memory reclaims and injected faults."""
     p = HostStreamOrderedPool(1 << 20, maximum_pool_size=4 << 20)
-    for seed in range(3):
-        p.run_threads(8, 3000, seed)
+    for random_state in range(3):
+        p.run_threads(8, 3000, random_state)
         assert p.violations == []
     stats = p.stats
     assert stats["current_bytes"] == 0

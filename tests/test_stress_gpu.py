@@ -53,7 +53,7 @@ CHILD = textwrap.dedent(
         thread = threading.Thread(target=loop)
         thread.start()
     try:
-        stats = stress(mr, threads, seconds, max_bytes="4MiB", max_live=32, seed=12345)
+        stats = stress(mr, threads, seconds, max_bytes="4MiB", max_live=32, random_state=12345)
     finally:
         stop.set()
         if background is not None:
@@ -117,7 +117,7 @@ def test_control_naive_cache_alone_is_seen_corrupting():
 def test_native_stress_rejects_bad_arguments_naming_them(kwargs, match):
     import rmm
 
-    from rmm_fences._lib.memory_resource import stress
+    from rmm_fences._lib._bench import stress
 
     args = {"streams": [None], "seconds": 1.0, "fill_kernel": 1, "check_kernel": 1, "errors": 1}
     args.update(kwargs)

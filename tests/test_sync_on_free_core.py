@@ -16,7 +16,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from rmm_fences._lib._testing import HostSyncOnFree
+from rmm_fences_testing import HostSyncOnFree
 
 STREAMS = st.sampled_from([1, 2, 3])  # 2: the per-thread default stream of each thread
 MODES = ("device", "stream", "deferred")
@@ -579,7 +579,7 @@ def test_null_and_zero_size_pass_through_untracked():
 def test_threads_race_frees_polls_flushes_captures_and_faults(mode):
     h = HostSyncOnFree(mode, max_pending_bytes=64 << 10 if mode == "deferred" else None,
                        upstream_limit=4 << 20)
-    r = h.run_threads(workers=4, iterations=3000, seed=7)
+    r = h.run_threads(workers=4, iterations=3000, random_state=7)
     assert r["frees"] > 1000
     assert r["unsafe_releases"] == 0, r
     assert r["upstream_bad_frees"] == 0, r

@@ -19,7 +19,7 @@ from hypothesis.stateful import (
 )
 
 from rmm_fences._hazards import HAZARD_KINDS, describe, hazard_from_fields
-from rmm_fences._lib._testing import SimHazardTracker
+from rmm_fences_testing import SimHazardTracker
 
 STREAMS = (1, 3, 5)  # plain streams (2 is the per-thread default stream)
 PTDS = SimHazardTracker.PER_THREAD
@@ -762,7 +762,7 @@ def test_allocated_while_live_frees_each_allocation_once():
 @pytest.mark.parametrize("ordered", [True, False])
 def test_real_threads_keep_stats_fences_and_reports_consistent(ordered):
     t = SimHazardTracker(ordered)
-    run = t.run_threads(4, 12, 300, seed=7)
+    run = t.run_threads(4, 12, 300, random_state=7)
     assert run["errors"] == []
     assert run["checks"] == 14  # one between every two phases
     assert run["handed_over"] > 0 and run["foreign"] > 0 and run["allocations"] > 1000

@@ -3,6 +3,7 @@
 child process, and fixed by SyncOnFreeResourceAdaptor(mode="deferred")."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -14,9 +15,11 @@ from rmm_fences.unsafe import UnmappingVmmMemoryResource
 
 pytestmark = pytest.mark.gpu
 
+VMM_CHILD = pathlib.Path(__file__).resolve().parent / "vmm_child.py"
+
 
 def child(*args, timeout=300):
-    res = subprocess.run([sys.executable, "-P", "-m", "rmm_fences._vmm_child", *args],
+    res = subprocess.run([sys.executable, "-P", str(VMM_CHILD), *args],
                          capture_output=True, text=True, timeout=timeout)
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     return res, (json.loads(lines[-1]) if lines else None)

@@ -48,55 +48,6 @@ class NaiveCachingMemoryResource(UpstreamResourceAdaptor):
     @property
     def misses(self) -> int: ...
 
-def alloc_free_ns(
-    mr: DeviceMemoryResource,
-    nbytes: int | str,
-    iterations: int = 10000,
-    stream: Any = None,
-    *,
-    warmup: int = 100,
-) -> float: ...
-
-def fence_call_ns(iterations: int = 100000, stream: Any = None) -> dict[str, float]: ...
-
-def random_allocations(
-    mr: DeviceMemoryResource,
-    operations: int = 100000,
-    *,
-    max_live: int = 10000,
-    min_size: int | str = 256,
-    max_size: int | str = "4MiB",
-    max_live_bytes: int | str = "16GiB",
-    seed: int = 0,
-    stream: Any = None,
-) -> float: ...
-def threaded_alloc_free(
-    mr: DeviceMemoryResource, nbytes: int | str, iterations: int, streams: list[Any]
-) -> float: ...
-
-class StressStats(TypedDict):
-    iterations: int
-    allocations: int
-    bytes: int
-    cross_stream_frees: int
-    out_of_memory: int
-    checks: int
-    seconds: float
-
-def stress(
-    mr: DeviceMemoryResource,
-    streams: list[Any],
-    seconds: float,
-    *,
-    fill_kernel: int,
-    check_kernel: int,
-    errors: int,
-    max_bytes: int | str = "4MiB",
-    max_live: int = 32,
-    seed: int = 0,
-    check_delay_ns: int = 20000,
-) -> StressStats: ...
-
 class StreamOrderedPoolStats(TypedDict):
     current_bytes: int
     peak_bytes: int
@@ -126,7 +77,6 @@ class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def retire_stream(self, stream: Any) -> None: ...
     @property
     def stats(self) -> StreamOrderedPoolStats: ...
-def threaded_stream_queries(query: str, iterations: int, streams: list[Any]) -> float: ...
 
 OnHazard = Literal["warn", "raise", "record"]
 

@@ -3,6 +3,9 @@
  */
 #pragma once
 
+// The native loops of rmm_fences.bench (the _bench extension): not a public header, and not
+// installed with the package.
+
 #include <rmm/aligned.hpp>
 #include <rmm/detail/error.hpp>
 #include <rmm/resource_ref.hpp>
@@ -123,10 +126,10 @@ inline double random_allocations_ops(rmm::device_async_resource_ref mr,
                                      std::size_t min_size,
                                      std::size_t max_size,
                                      std::size_t max_live_bytes,
-                                     std::uint64_t seed,
+                                     std::uint64_t random_state,
                                      cuda::stream_ref stream)
 {
-  std::mt19937_64 rng{seed};
+  std::mt19937_64 rng{random_state};
   std::uniform_int_distribution<std::size_t> size_of{min_size, max_size};
   std::vector<std::pair<void*, std::size_t>> live;
   live.reserve(max_live);
@@ -266,9 +269,12 @@ inline launch_kernel_fn launch_kernel_entry()
 }
 
 /// 32 bits of the pattern key of allocation `serial` of thread `thread` (splitmix64).
-inline std::uint32_t pattern_key(std::uint64_t seed, std::uint64_t thread, std::uint64_t serial)
+inline std::uint32_t pattern_key(std::uint64_t random_state,
+                                 std::uint64_t thread,
+                                 std::uint64_t serial)
 {
-  std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (thread * 0x100000001ULL + serial + 1);
+  std::uint64_t z =
+    random_state + 0x9E3779B97F4A7C15ULL * (thread * 0x100000001ULL + serial + 1);
   z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
   return static_cast<std::uint32_t>((z ^ (z >> 31U)) & 0xFFFFFFFFULL);
@@ -308,7 +314,7 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
                            unsigned long long* errors,
                            std::size_t max_bytes,
                            std::size_t max_live,
-                           std::uint64_t seed,
+                           std::uint64_t random_state,
                            unsigned long long check_delay_ns = 20000)
 {
   auto const launch = detail::launch_kernel_entry();
@@ -348,7 +354,7 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
     };
     std::vector<block> live;
     live.reserve(max_live + 1);
-    std::mt19937_64 rng{seed * 0x2545F4914F6CDD1DULL + t};
+    std::mt19937_64 rng{random_state * 0x2545F4914F6CDD1DULL + t};
     auto const own  = streams[t];
     auto const cu   = [](cudaStream_t s) { return reinterpret_cast<CUstream>(s); };
     std::uint64_t serial = 0;
@@ -403,7 +409,7 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
         auto const shift = static_cast<std::size_t>(rng() % (max_shift + 1));
         std::size_t size = std::size_t{256} << shift;
         if ((rng() % 4U) == 0) { size = size / 4 * 3; }
-        block b{nullptr, size, detail::pattern_key(seed, t, serial++)};
+        block b{nullptr, size, detail::pattern_key(random_state, t, serial++)};
         try {
           b.ptr = mr.allocate(cuda::stream_ref{own}, size, rmm::CUDA_ALLOCATION_ALIGNMENT);
         } catch (std::bad_alloc const&) {

@@ -449,13 +449,13 @@ class host_pool {
    * faults injected now and then. Runs without the GIL; the oracle records violations.
    * @return operations that raised out-of-memory
    */
-  std::size_t run_threads(int threads, int iterations, std::uint64_t seed)
+  std::size_t run_threads(int threads, int iterations, std::uint64_t random_state)
   {
     std::atomic<std::size_t> ooms{};
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([this, t, threads, iterations, seed, &ooms] {
-        std::mt19937_64 rng(seed * 1000003 + static_cast<std::uint64_t>(t));
+      pool.emplace_back([this, t, threads, iterations, random_state, &ooms] {
+        std::mt19937_64 rng(random_state * 1000003 + static_cast<std::uint64_t>(t));
         std::uint64_t const own = static_cast<std::uint64_t>(t) + 1;
         std::vector<std::pair<void*, std::size_t>> mine;
         for (int i = 0; i < iterations; ++i) {

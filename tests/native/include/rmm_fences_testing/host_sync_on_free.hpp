@@ -568,7 +568,7 @@ class host_sync_on_free {
    * stream or their per-thread default stream), poll and flush; one thread signals streams,
    * toggles a global capture elsewhere and injects query/wait failures.
    */
-  thread_run_result run_threads(int workers, int iterations, std::uint64_t seed)
+  thread_run_result run_threads(int workers, int iterations, std::uint64_t random_state)
   {
     std::atomic<bool> stop{false};
     std::atomic<std::uint64_t> frees{0};
@@ -576,7 +576,7 @@ class host_sync_on_free {
     for (int t = 0; t < workers; ++t) {
       threads.emplace_back([&, t] {
         host_thread = 100 + t;
-        std::mt19937_64 rng(seed * 7919 + t);
+        std::mt19937_64 rng(random_state * 7919 + t);
         std::uintptr_t const own = 1000 + t;
         std::vector<std::tuple<void*, std::size_t, std::uintptr_t>> live;
         for (int i = 0; i < iterations; ++i) {
@@ -616,7 +616,7 @@ class host_sync_on_free {
       });
     }
     std::thread chaos([&] {
-      std::mt19937_64 rng(seed);
+      std::mt19937_64 rng(random_state);
       while (!stop.load()) {
         auto const r = rng() % 100;
         std::lock_guard<std::recursive_mutex> lock(board_->m);

@@ -390,7 +390,10 @@ class sim_hazard_tracker {
    * stats are checked against the live records and the hazards against what was done.
    * Blocks nothing else; call it without the GIL.
    */
-  thread_run run_threads(unsigned threads, unsigned phases, unsigned steps, std::uint64_t seed)
+  thread_run run_threads(unsigned threads,
+                         unsigned phases,
+                         unsigned steps,
+                         std::uint64_t random_state)
   {
     struct handed {
       std::uintptr_t ptr;
@@ -471,7 +474,7 @@ class sim_hazard_tracker {
 
     auto body = [&](unsigned me) {
       simulated_thread() = 0;  // a real thread: its own per-thread default stream
-      std::mt19937_64 rng{seed * 1000003U + me};
+      std::mt19937_64 rng{random_state * 1000003U + me};
       auto const own = static_cast<std::uintptr_t>(4096 + 8 * me);  // a plain stream
       auto const ptds = sim_platform::per_thread_handle;
       auto& mine     = live[me];

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # cython: language_level=3
-"""The policy cores on host memory with hand-signalled fences (tests only).
+"""The policy cores on host memory with hand-signalled fences (tests only: built with
+-DRMM_FENCES_BUILD_TESTS=ON beside this file, never installed).
 
 Runs the very C++ cores that the resources run on the GPU, with manual fences (or a simulated
 device) in place of CUDA events and host allocators in place of the upstream. Needs no GPU.
@@ -36,7 +37,7 @@ from rmm_fences._lib._sync_on_free cimport (
 )
 
 
-cdef extern from "rmm_fences/testing/host_sync_on_free.hpp" namespace "rmm_fences::testing":
+cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fences::testing":
     cdef cppclass fence_entry "rmm_fences::testing::fence_board::fence":
         uintptr_t stream
         uint64_t stream_id
@@ -225,11 +226,11 @@ cdef class HostSyncOnFree:
         ``stream``, and frees ``ptr`` there in capture: that sync does not cover it."""
         deref(self.c_obj).free_in_capture_after_next_device_sync(stream, <void*>ptr, nbytes)
 
-    def run_threads(self, int workers=4, int iterations=2000, uint64_t seed=1) -> dict:
+    def run_threads(self, int workers=4, int iterations=2000, uint64_t random_state=1) -> dict:
         """Real threads racing frees, polls, flushes, captures and faults (see the C++)."""
         cdef thread_run_result r
         with nogil:
-            r = deref(self.c_obj).run_threads(workers, iterations, seed)
+            r = deref(self.c_obj).run_threads(workers, iterations, random_state)
         return {
             "frees": r.frees,
             "unsafe_releases": r.unsafe_releases,
@@ -299,7 +300,7 @@ cdef class HostSyncOnFree:
         return stats_dict(deref(self.c_obj).core().stats())
 
 
-cdef extern from "rmm_fences/testing/host_pool.hpp" namespace "rmm_fences::testing":
+cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testing":
     cdef cppclass wait_record "std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>":
         pass
 
@@ -333,7 +334,7 @@ cdef extern from "rmm_fences/testing/host_pool.hpp" namespace "rmm_fences::testi
 
 cdef extern from *:
     """
-    #include <rmm_fences/testing/host_pool.hpp>
+    #include <rmm_fences_testing/host_pool.hpp>
     static PyObject* rmm_fences_pool_waits(rmm_fences::testing::host_pool& p)
     {
       std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> w;
@@ -512,12 +513,12 @@ cdef class HostStreamOrderedPool:
     def hook_free_clock(self) -> int:
         return deref(self.c_obj).hook_free_clock()
 
-    def run_threads(self, int threads, int iterations, uint64_t seed=0) -> int:
+    def run_threads(self, int threads, int iterations, uint64_t random_state=0) -> int:
         """Real threads on their own streams (see host_pool::run_threads), without the GIL;
         returns how many allocations ran out of memory."""
         cdef size_t n
         with nogil:
-            n = deref(self.c_obj).run_threads(threads, iterations, seed)
+            n = deref(self.c_obj).run_threads(threads, iterations, random_state)
         return n
 
     @property
@@ -573,7 +574,7 @@ cdef class HostStreamOrderedPool:
 from libcpp.string cimport string  # noqa: E402
 
 
-cdef extern from "rmm_fences/testing/host_tracker.hpp" namespace "rmm_fences::testing":
+cdef extern from "rmm_fences_testing/host_tracker.hpp" namespace "rmm_fences::testing":
     cdef cppclass sim_device:
         cpp_set[uintptr_t] capturing
         cpp_set[uintptr_t] failing_records
@@ -775,12 +776,12 @@ cdef class SimHazardTracker:
         deref(self.c_obj).hand_out_next(ptr)
 
     def run_threads(self, unsigned threads, unsigned phases, unsigned steps,
-                    uint64_t seed=0) -> dict:
+                    uint64_t random_state=0) -> dict:
         """Real threads on this tracker (see ``sim_hazard_tracker::run_threads``), GIL
         released; what they did and the invariant violations found (``errors``)."""
         cdef thread_run r
         with nogil:
-            r = deref(self.c_obj).run_threads(threads, phases, steps, seed)
+            r = deref(self.c_obj).run_threads(threads, phases, steps, random_state)
         return {
             "allocations": r.allocations, "frees": r.frees, "handed_over": r.handed_over,
             "busy_frees": r.busy_frees, "foreign": r.foreign, "checks": r.checks,

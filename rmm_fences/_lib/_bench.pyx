@@ -1,0 +1,268 @@
+# SPDX-License-Identifier: Apache-2.0
+# cython: language_level=3
+"""Benchmark and stress loops over any rmm resource, timed in C++ without the GIL (_bench.hpp).
+
+The native half of :mod:`rmm_fences.bench`, kept out of the resources module.
+"""
+
+from libc.stddef cimport size_t
+from libc.stdint cimport uint64_t, uintptr_t
+from libcpp.vector cimport vector
+from cuda.bindings.cyruntime cimport cudaStream_t
+
+from rmm.librmm.cuda_stream_ref cimport stream_ref
+from rmm.librmm.memory_resource cimport device_async_resource_ref
+from rmm.pylibrmm.memory_resource._memory_resource cimport DeviceMemoryResource
+from rmm.pylibrmm.stream cimport Stream
+
+from rmm.pylibrmm.stream import DEFAULT_STREAM
+
+from rmm_fences._sizes import parse_bytes
+
+
+include "_stream_arg.pxi"
+
+
+cdef extern from "cuda.h" nogil:
+    ctypedef void* CUfunction "CUfunction"
+
+
+cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
+    double c_alloc_free_ns "rmm_fences::bench::alloc_free_ns"(
+        device_async_resource_ref mr,
+        size_t nbytes,
+        uint64_t iterations,
+        stream_ref stream,
+        uint64_t warmup,
+    ) except +
+
+    cdef struct fence_costs:
+        double event_record
+        double event_query
+        double stream_is_capturing
+        double cu_event_record
+        double cu_event_query
+        double cu_stream_is_capturing
+        double cu_stream_get_id
+        double relaxed_capture_scope
+
+    fence_costs c_fence_call_ns "rmm_fences::bench::fence_call_ns"(
+        stream_ref stream, uint64_t iterations) except +
+
+    double c_random_allocations_ops "rmm_fences::bench::random_allocations_ops"(
+        device_async_resource_ref mr, uint64_t operations, size_t max_live, size_t min_size,
+        size_t max_size, size_t max_live_bytes, uint64_t random_state,
+        stream_ref stream) except +
+
+    double c_threaded_stream_queries "rmm_fences::bench::threaded_stream_queries"(
+        int which, uint64_t iterations, const vector[cudaStream_t]& streams) except +
+
+    double c_threaded_alloc_free_pairs "rmm_fences::bench::threaded_alloc_free_pairs"(
+        device_async_resource_ref mr, size_t nbytes, uint64_t iterations,
+        const vector[cudaStream_t]& streams) except +
+
+    cdef struct stress_stats:
+        uint64_t iterations
+        uint64_t allocations
+        uint64_t bytes
+        uint64_t cross_stream_frees
+        uint64_t out_of_memory
+        uint64_t checks
+        double seconds
+
+    stress_stats c_stress "rmm_fences::bench::stress"(
+        device_async_resource_ref mr, const vector[cudaStream_t]& streams, double seconds,
+        CUfunction fill, CUfunction check, unsigned long long* errors, size_t max_bytes,
+        size_t max_live, uint64_t random_state, unsigned long long check_delay_ns) except +
+
+
+def alloc_free_ns(DeviceMemoryResource mr not None, nbytes, size_t iterations=10000,
+                  stream=None, *, size_t warmup=100) -> float:
+    """Mean nanoseconds of one ``allocate`` + ``deallocate`` pair, timed in C++.
+
+    The loop runs without the GIL and touches no memory: it measures the host cost of the
+    resource's calls (driver calls, locks, bookkeeping).
+
+    Parameters
+    ----------
+    mr : DeviceMemoryResource
+        Any rmm resource.
+    nbytes : int or str
+        Size of each allocation (``"1MiB"`` accepted).
+    iterations : int
+        Timed pairs.
+    stream : optional
+        None (the default stream), an rmm ``Stream``, or any CuPy, Numba, cuda.core or
+        ``__cuda_stream__`` stream.
+    warmup : int
+        Untimed pairs run first.
+    """
+    cdef size_t c_nbytes = parse_bytes(nbytes, "nbytes")
+    if iterations == 0:
+        raise ValueError("iterations must be positive, got 0")
+    cdef Stream s = _as_stream(stream)
+    cdef stream_ref c_stream = s.view()
+    cdef double ns
+    with nogil:
+        ns = c_alloc_free_ns(mr.get_mr(), c_nbytes, iterations, c_stream, warmup)
+    return ns
+
+
+def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
+    """Mean host nanoseconds of the CUDA calls a deferred free makes, on an idle ``stream``.
+
+    Returns a dict with ``event_record`` (``cudaEventRecord``), ``event_query``
+    (``cudaEventQuery`` of a completed event) and ``stream_is_capturing``, and the same
+    through the driver entry points the resources call (``cu_*``; 0 where missing).
+    """
+    if iterations == 0:
+        raise ValueError("iterations must be positive, got 0")
+    cdef Stream s = _as_stream(stream)
+    cdef stream_ref c_stream = s.view()
+    cdef fence_costs c
+    with nogil:
+        c = c_fence_call_ns(c_stream, iterations)
+    return {
+        "event_record": c.event_record,
+        "event_query": c.event_query,
+        "stream_is_capturing": c.stream_is_capturing,
+        "cu_event_record": c.cu_event_record,
+        "cu_event_query": c.cu_event_query,
+        "cu_stream_is_capturing": c.cu_stream_is_capturing,
+        "cu_stream_get_id": c.cu_stream_get_id,
+        "relaxed_capture_scope": c.relaxed_capture_scope,
+    }
+
+
+def random_allocations(DeviceMemoryResource mr not None, size_t operations=100000, *,
+                       size_t max_live=10000, min_size=256, max_size="4MiB",
+                       max_live_bytes="16GiB", uint64_t random_state=0, stream=None) -> float:
+    """Operations per second of a random allocate/free mix, timed in C++ without the GIL.
+
+    The shape of RMM's RANDOM_ALLOCATIONS benchmark: sizes uniform in
+    ``[min_size, max_size]``, at most ``max_live`` blocks and ``max_live_bytes`` live; each
+    step allocates or frees a random live block. Blocks still live at the end are freed.
+    ``random_state`` starts the random generator (the same value replays the same sequence).
+    """
+    cdef size_t lo = parse_bytes(min_size, "min_size")
+    cdef size_t hi = parse_bytes(max_size, "max_size")
+    cdef size_t cap = parse_bytes(max_live_bytes, "max_live_bytes")
+    if lo == 0 or hi < lo:
+        raise ValueError(f"need 0 < min_size <= max_size, got {lo} and {hi}")
+    if max_live == 0:
+        raise ValueError("max_live must be positive, got 0")
+    cdef Stream s = _as_stream(stream)
+    cdef stream_ref c_stream = s.view()
+    cdef double ops
+    with nogil:
+        ops = c_random_allocations_ops(mr.get_mr(), operations, max_live, lo, hi, cap,
+                                       random_state, c_stream)
+    return ops
+
+
+cdef vector[cudaStream_t] _stream_handles(object streams) except *:
+    cdef vector[cudaStream_t] handles
+    cdef Stream rs
+    for x in streams:
+        rs = _as_stream(x)
+        handles.push_back(rs.view().get())
+    if handles.size() == 0:
+        raise ValueError("streams must hold at least one stream")
+    return handles
+
+
+def threaded_alloc_free(DeviceMemoryResource mr not None, nbytes, size_t iterations,
+                        streams) -> float:
+    """Aggregate allocate+free pairs per second of one C++ thread per stream in ``streams``
+    (rmm, CuPy, cuda.core or ``__cuda_stream__`` streams), all started together."""
+    cdef size_t c_nbytes = parse_bytes(nbytes, "nbytes")
+    cdef vector[cudaStream_t] handles = _stream_handles(streams)
+    cdef double pairs
+    with nogil:
+        pairs = c_threaded_alloc_free_pairs(mr.get_mr(), c_nbytes, iterations, handles)
+    return pairs
+
+
+def stress(DeviceMemoryResource mr not None, streams, double seconds, *,
+           uintptr_t fill_kernel, uintptr_t check_kernel, uintptr_t errors,
+           max_bytes="4MiB", size_t max_live=32, uint64_t random_state=0,
+           unsigned long long check_delay_ns=20000) -> dict:
+    """Multi-threaded data-checking stress of ``mr``: one C++ thread per stream, without the
+    GIL, for ``seconds``.
+
+    Each thread allocates random sizes (256 B to ``max_bytes``) on its stream, fills each
+    block with a pattern keyed by (thread, allocation) with ``fill_kernel``, keeps some live
+    (at most ``max_live`` per thread), and before every free checks the pattern with
+    ``check_kernel``, which adds each mismatching word to the device counter at ``errors``.
+    Frees happen on the thread's own stream or on another thread's stream after an event wait.
+    Out-of-memory is counted and answered by freeing half of the thread's live blocks. All
+    streams are synchronized before this returns; the caller reads ``errors``.
+
+    Parameters
+    ----------
+    mr : DeviceMemoryResource
+        The resource under test.
+    streams : list
+        One stream per thread (rmm, CuPy, cuda.core or ``__cuda_stream__`` streams).
+    seconds : float
+        How long the threads loop.
+    fill_kernel, check_kernel : int
+        ``CUfunction`` handles (CuPy: ``RawKernel.kernel.ptr``) of
+        ``fill(unsigned* a, unsigned long long n, unsigned key)`` and
+        ``check(const unsigned* a, unsigned long long n, unsigned key,
+        unsigned long long* errors, unsigned long long delay_ns)`` in the current device's
+        primary context (``check`` waits ``delay_ns`` before it reads).
+    errors : int
+        Device address of an ``unsigned long long`` counter.
+    max_bytes : int or str
+        Largest allocation (at least 256).
+    max_live : int
+        Blocks each thread may keep live across iterations.
+    random_state : int
+        Starts the random generator of the sizes, choices and patterns (the same value
+        replays the same sequence per thread).
+    check_delay_ns : int
+        How long each check kernel waits before reading its block (keeps freed blocks in use
+        on the device while the host runs ahead, which widens every reuse race).
+
+    Returns a dict: ``iterations``, ``allocations``, ``bytes``, ``cross_stream_frees``,
+    ``out_of_memory``, ``checks``, ``seconds``.
+    """
+    cdef size_t c_max_bytes = parse_bytes(max_bytes, "max_bytes")
+    if c_max_bytes < 256:
+        raise ValueError(f"max_bytes must be at least 256, got {c_max_bytes}")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"seconds must be positive and finite, got {seconds}")
+    for name, value in (("fill_kernel", fill_kernel), ("check_kernel", check_kernel),
+                        ("errors", errors)):
+        if value == 0:
+            raise ValueError(f"{name} must be a non-null handle or device address, got 0")
+    cdef vector[cudaStream_t] handles = _stream_handles(streams)
+    cdef stress_stats c
+    with nogil:
+        c = c_stress(mr.get_mr(), handles, seconds, <CUfunction>fill_kernel,
+                     <CUfunction>check_kernel, <unsigned long long*>errors, c_max_bytes,
+                     max_live, random_state, check_delay_ns)
+    return {
+        "iterations": c.iterations,
+        "allocations": c.allocations,
+        "bytes": c.bytes,
+        "cross_stream_frees": c.cross_stream_frees,
+        "out_of_memory": c.out_of_memory,
+        "checks": c.checks,
+        "seconds": c.seconds,
+    }
+
+
+def threaded_stream_queries(query, size_t iterations, streams) -> float:
+    """Aggregate calls per second of ``query`` ("is_capturing" or "get_id", the driver's
+    cuStreamIsCapturing / cuStreamGetId) from one C++ thread per stream in ``streams``."""
+    queries = {"is_capturing": 0, "get_id": 1}
+    if query not in queries:
+        raise ValueError(f"query must be 'is_capturing' or 'get_id', got {query!r}")
+    cdef int which = queries[query]
+    cdef vector[cudaStream_t] handles = _stream_handles(streams)
+    cdef double calls
+    with nogil:
+        calls = c_threaded_stream_queries(which, iterations, handles)
+    return calls
