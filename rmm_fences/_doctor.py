@@ -72,7 +72,7 @@ class Cell:
 
 
 def run_cell(chain: str, scenario: str, trials: int, *, nbytes: int = 4 << 20,
-             spin_ms: float = 0.5, seed: int | None = None) -> Cell:
+             spin_ms: float = 0.5, random_state: int | None = None) -> Cell:
     """Run one cell in this process (a crash loses this process's CUDA context)."""
     import cupy
     import numpy as np
@@ -84,7 +84,7 @@ def run_cell(chain: str, scenario: str, trials: int, *, nbytes: int = 4 << 20,
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")
     mr = compose(chain)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(random_state)
     count = nbytes // 4
     s1 = cupy.cuda.Stream(non_blocking=True)
     s2 = cupy.cuda.Stream(non_blocking=True)
@@ -110,7 +110,7 @@ def run_cell(chain: str, scenario: str, trials: int, *, nbytes: int = 4 << 20,
             elif scenario == "cross_stream_reuse":
                 b, stream, rs = mr.allocate(nbytes, r2), s2, r2
             if b is not None:
-                _scenarios.fill(b, count, seed=trial + 1, stream=stream)
+                _scenarios.fill(b, count, pattern=trial + 1, stream=stream)
             s1.synchronize()
             s2.synchronize()
             if not np.isclose(float(out.get()[0]), reference, rtol=1e-9, atol=1e-6):

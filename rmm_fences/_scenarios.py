@@ -37,21 +37,21 @@ extern "C" __global__ void slow_checksum(const float* a, unsigned long long n,
     if (threadIdx.x == 0) { atomicAdd(out, partial[0]); }
 }
 
-extern "C" __global__ void fill_pattern(unsigned int* a, unsigned long long n, unsigned int seed)
+extern "C" __global__ void fill_pattern(unsigned int* a, unsigned long long n, unsigned int pattern)
 {
     for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        a[i] = (unsigned int)(i * 2654435761ull) ^ seed;
+        a[i] = (unsigned int)(i * 2654435761ull) ^ pattern;
     }
 }
 
 extern "C" __global__ void check_pattern(const unsigned int* a, unsigned long long n,
-                                         unsigned int seed, unsigned long long* errors)
+                                         unsigned int pattern, unsigned long long* errors)
 {
     unsigned long long bad = 0;
     for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        bad += (a[i] != ((unsigned int)(i * 2654435761ull) ^ seed));
+        bad += (a[i] != ((unsigned int)(i * 2654435761ull) ^ pattern));
     }
     if (bad) { atomicAdd(errors, bad); }
 }
@@ -98,17 +98,17 @@ def slow_checksum(ptr: int, count: int, spin_ms: float, out: cupy.ndarray, strea
     )
 
 
-def fill(ptr: int, count: int, seed: int, stream: cupy.cuda.Stream) -> None:
-    """Write the pattern of ``seed`` to ``count`` uint32 words at ``ptr`` on ``stream``."""
+def fill(ptr: int, count: int, pattern: int, stream: cupy.cuda.Stream) -> None:
+    """Write pattern number ``pattern`` to ``count`` uint32 words at ``ptr`` on ``stream``."""
     kernel("fill_pattern")(
-        (grid_for(count),), (THREADS,), (ptr, np.uint64(count), np.uint32(seed)), stream=stream
+        (grid_for(count),), (THREADS,), (ptr, np.uint64(count), np.uint32(pattern)), stream=stream
     )
 
 
-def check(ptr: int, count: int, seed: int, errors: cupy.ndarray, stream) -> None:
-    """Add to ``errors[0]`` the words at ``ptr`` that differ from the pattern of ``seed``."""
+def check(ptr: int, count: int, pattern: int, errors: cupy.ndarray, stream) -> None:
+    """Add to ``errors[0]`` the words at ``ptr`` that differ from pattern number ``pattern``."""
     kernel("check_pattern")(
-        (grid_for(count),), (THREADS,), (ptr, np.uint64(count), np.uint32(seed), errors),
+        (grid_for(count),), (THREADS,), (ptr, np.uint64(count), np.uint32(pattern), errors),
         stream=stream,
     )
 
@@ -161,7 +161,7 @@ def race(mr, *, trials: int = 200, nbytes: int = 4 << 20, spin_ms: float = 0.5,
         result.free_us.append((time.perf_counter() - start) * 1e6)
         b = mr.allocate(nbytes, r2)
         result.same_address += b == a
-        fill(b, count, seed=int(rng.integers(1, 2**32)), stream=s2)
+        fill(b, count, pattern=int(rng.integers(1, 2**32)), stream=s2)
         s1.synchronize()
         s2.synchronize()
         got = float(out.get()[0])

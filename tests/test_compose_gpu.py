@@ -62,8 +62,8 @@ def test_compose_builds_every_name(name, cupy, scenarios, rng):
         s.synchronize()  # unsafe: they free (or unmap) under a running kernel
     mr.deallocate(ptr, nbytes, rs)
     again = mr.allocate(nbytes, rs)
-    scenarios.fill(again, count, seed=77, stream=s)
-    scenarios.check(again, count, seed=77, errors=errors, stream=s)
+    scenarios.fill(again, count, pattern=77, stream=s)
+    scenarios.check(again, count, pattern=77, errors=errors, stream=s)
     s.synchronize()
     mr.deallocate(again, nbytes, rs)
     s.synchronize()

@@ -49,7 +49,7 @@ def test_cross_stream_take_does_not_block_the_host(cupy, scenarios, rng):
     pool.deallocate(a, 4 << 20, rs(s1))
     b = pool.allocate(4 << 20, rs(s2))
     assert b == a and not s1.done, "the host waited for the slow kernel"
-    scenarios.fill(b, count, seed=9, stream=s2)
+    scenarios.fill(b, count, pattern=9, stream=s2)
     s2.synchronize()
     assert np.isclose(float(out.get()[0]), host.astype(np.float64).sum(), rtol=1e-9)
     pool.deallocate(b, 4 << 20, rs(s2))
@@ -286,14 +286,14 @@ def test_stream_forked_into_a_capture_does_not_get_its_parents_block(cupy, scena
     join = cupy.cuda.Event(disable_timing=True)
     parent.begin_capture()
     a = pool.allocate(nbytes, rs(parent))
-    scenarios.fill(a, count, seed=21, stream=parent)
+    scenarios.fill(a, count, pattern=21, stream=parent)
     fork.record(parent)
     branch.wait_event(fork)  # the branch joins the capture
     slow_check((scenarios.grid_for(count),), (256,),
                (a, np.uint64(count), spin, np.uint32(21), errors), stream=parent)
     pool.deallocate(a, nbytes, rs(parent))
     b = pool.allocate(nbytes, rs(branch))  # a parallel branch
-    scenarios.fill(b, count, seed=22, stream=branch)
+    scenarios.fill(b, count, pattern=22, stream=branch)
     join.record(branch)
     parent.wait_event(join)  # and rejoins the parent before the capture ends
     pool.deallocate(b, nbytes, rs(parent))
@@ -333,8 +333,8 @@ def test_same_stream_reuse_of_a_64_mib_block_never_fences(cupy, scenarios):
     errors = cupy.zeros(1, dtype=cupy.uint64)
     for i in range(100):
         p = pool.allocate(nbytes, s)
-        scenarios.fill(p, count, seed=i, stream=cs)
-        scenarios.check(p, count, seed=i, errors=errors, stream=cs)
+        scenarios.fill(p, count, pattern=i, stream=cs)
+        scenarios.check(p, count, pattern=i, errors=errors, stream=cs)
         pool.deallocate(p, nbytes, s)
     cs.synchronize()
     stats = pool.stats
@@ -355,8 +355,8 @@ def test_growth_during_capture_of_a_blocking_stream(cupy, scenarios):
     s.synchronize()
     s.begin_capture()
     a = pool.allocate(nbytes, rs(s))  # grows
-    scenarios.fill(a, count, seed=3, stream=s)
-    scenarios.check(a, count, seed=3, errors=errors, stream=s)
+    scenarios.fill(a, count, pattern=3, stream=s)
+    scenarios.check(a, count, pattern=3, errors=errors, stream=s)
     graph = s.end_capture()
     assert pool.stats["upstream_growths"] == 1
     for _ in range(3):

@@ -88,8 +88,8 @@ def test_oom_drains_pending_frees_then_retries(cupy, scenarios, rng):
     b = mr.allocate(nbytes, rmm_stream(s2))  # over the limit until the drain
     assert mr.stats["oom_retries"] == 1 and mr.pending_count == 0
     errors = cupy.zeros(1, dtype=cupy.uint64)
-    scenarios.fill(b, count, seed=7, stream=s2)
-    scenarios.check(b, count, seed=7, errors=errors, stream=s2)
+    scenarios.fill(b, count, pattern=7, stream=s2)
+    scenarios.check(b, count, pattern=7, errors=errors, stream=s2)
     s2.synchronize()
     assert int(errors.get()[0]) == 0
     # the slow kernel read A before it was reused

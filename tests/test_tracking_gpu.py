@@ -52,7 +52,7 @@ def test_seed_race_over_the_naive_cache_is_reported_with_pointer_and_streams(
         scenarios.slow_checksum(a, count, 20, out, s1)  # long enough for stack capture
         mr.deallocate(a, nbytes, s1)  # the seed: no sync before the free
         b = mr.allocate(nbytes, s2)
-        scenarios.fill(b, count, seed=trial + 1, stream=s2)
+        scenarios.fill(b, count, pattern=trial + 1, stream=s2)
         s1.synchronize()
         s2.synchronize()
         corrupted += not np.isclose(float(out.get()[0]), host.astype(np.float64).sum(),
@@ -109,7 +109,7 @@ def test_safe_chains_report_a_cross_stream_free_exactly_when_unordered(
         s2.synchronize()  # the free's fence completed; unordered, s1's kernel still spins
         _ = mr.hazards  # settles the check now (a later settle would find s1 done too)
         b = mr.allocate(nbytes, s2)
-        scenarios.fill(b, count, seed=trial + 1, stream=s2)
+        scenarios.fill(b, count, pattern=trial + 1, stream=s2)
         s1.synchronize()
         s2.synchronize()
         corrupted += not np.isclose(float(out.get()[0]), host.astype(np.float64).sum(),
@@ -171,7 +171,7 @@ def test_free_from_another_threads_per_thread_stream_is_reported(cupy, scenarios
                 mr.deallocate(a, nbytes, ptds)  # B's per-thread stream
                 b = mr.allocate(nbytes, ptds)
                 box["same"] = b == a
-                scenarios.fill(b, count, seed=trial + 1, stream=ptds)
+                scenarios.fill(b, count, pattern=trial + 1, stream=ptds)
                 ptds.synchronize()
                 mr.deallocate(b, nbytes, ptds)
             except Exception as exc:  # pragma: no cover - reported below
@@ -223,7 +223,7 @@ def test_missing_record_stream_is_a_cross_stream_free(cupy, scenarios, rng, decl
     mr.deallocate(buf, nbytes, main)
     again = mr.allocate(nbytes, main)
     assert again == buf  # same-stream reuse on main
-    scenarios.fill(again, count, seed=7, stream=main)
+    scenarios.fill(again, count, pattern=7, stream=main)
     main.synchronize()  # with the declaration main waited for the side kernel
     hazards = [(h.kind, h.pointer, h.stream, h.streams) for h in mr.hazards]
     side.synchronize()

@@ -55,10 +55,10 @@ def test_allocations_are_usable_and_freed_memory_comes_back(cupy, scenarios, nby
     errors = cupy.zeros(1, dtype=cupy.uint64)
     for i, p in enumerate(ptrs):  # writes and reads through every block
         if words:
-            scenarios.fill(p, words, seed=i + 11, stream=s)
+            scenarios.fill(p, words, pattern=i + 11, stream=s)
     for i, p in enumerate(ptrs):
         if words:
-            scenarios.check(p, words, seed=i + 11, errors=errors, stream=s)
+            scenarios.check(p, words, pattern=i + 11, errors=errors, stream=s)
     s.synchronize()
     assert int(errors.get()[0]) == 0
     if nbytes >= 100 << 20:
