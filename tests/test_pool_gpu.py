@@ -124,8 +124,8 @@ def test_allocate_and_free_inside_stream_capture(cupy, scenarios):
     errors = cupy.zeros(1, dtype=cupy.uint64)
     s.begin_capture()
     a = pool.allocate(1 << 20, rs(s))  # from the untagged pool: no fence wait, no CUDA call
-    scenarios.fill(a, (1 << 20) // 4, seed=11, stream=s)
-    scenarios.check(a, (1 << 20) // 4, seed=11, errors=errors, stream=s)
+    scenarios.fill(a, (1 << 20) // 4, pattern=11, stream=s)
+    scenarios.check(a, (1 << 20) // 4, pattern=11, errors=errors, stream=s)
     pool.deallocate(a, 1 << 20, rs(s))
     b = pool.allocate(1 << 20, rs(s))  # same capture: reuses the block freed in it
     pool.deallocate(b, 1 << 20, rs(s))
@@ -146,7 +146,7 @@ def test_retired_stream_gives_its_blocks_back_without_a_sync(cupy, scenarios):
     s1 = cupy.cuda.Stream(non_blocking=True)
     s3 = cupy.cuda.Stream(non_blocking=True)
     a = pool.allocate(64 << 10, rs(s3))
-    scenarios.fill(a, (64 << 10) // 4, seed=1, stream=s3)
+    scenarios.fill(a, (64 << 10) // 4, pattern=1, stream=s3)
     pool.deallocate(a, 64 << 10, rs(s3))  # small: kept for s3 alone
     pool.retire_stream(s3)
     del s3  # destroyed after retirement: safe
@@ -164,8 +164,8 @@ def test_default_and_per_thread_streams(cupy, scenarios):
     errors = cupy.zeros(1, dtype=cupy.uint64)
     for s, cs in ((legacy, cupy.cuda.Stream.null), (per_thread, cupy.cuda.Stream.ptds)):
         a = pool.allocate(1 << 20, s)
-        scenarios.fill(a, (1 << 20) // 4, seed=5, stream=cs)
-        scenarios.check(a, (1 << 20) // 4, seed=5, errors=errors, stream=cs)
+        scenarios.fill(a, (1 << 20) // 4, pattern=5, stream=cs)
+        scenarios.check(a, (1 << 20) // 4, pattern=5, errors=errors, stream=cs)
         pool.deallocate(a, 1 << 20, s)
         assert pool.allocate(1 << 20, s) == a  # same-stream reuse under both identities
         pool.deallocate(a, 1 << 20, s)

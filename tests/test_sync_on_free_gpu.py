@@ -109,7 +109,7 @@ def test_max_pending_bytes_caps_the_pending_total(cupy, scenarios):
     out = cupy.zeros(1, dtype=cupy.float64)
     for _ in range(8):
         a = mr.allocate(1 << 20, rmm_stream(s1))
-        scenarios.fill(a, (1 << 20) // 4, seed=3, stream=s1)
+        scenarios.fill(a, (1 << 20) // 4, pattern=3, stream=s1)
         scenarios.slow_checksum(a, 16, 20, out, s1, grid=1)
         mr.deallocate(a, 1 << 20, rmm_stream(s1))
         assert mr.pending_bytes <= 3 << 20
@@ -174,7 +174,7 @@ def test_stream_capture_parks_the_free(cupy, scenarios):
     s = cupy.cuda.Stream(non_blocking=True)
     a = mr.allocate(1 << 20, rmm_stream(s))
     s.begin_capture()
-    scenarios.fill(a, (1 << 20) // 4, seed=5, stream=s)
+    scenarios.fill(a, (1 << 20) // 4, pattern=5, stream=s)
     mr.deallocate(a, 1 << 20, rmm_stream(s))
     graph = s.end_capture()
     assert mr.stats["parked"] == 1 and mr.pending_count == 1 and naive.cached_bytes == 0
