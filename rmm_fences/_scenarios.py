@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The race trial on a real GPU: a slow kernel still reads a block when the host frees it.
 
-Needs CuPy and a CUDA device. Used by the tests and by ``python -m rmm_fences demo``.
+Needs CuPy and a CUDA device. Used by the tests and by ``rmm-fences doctor`` (one
+:func:`race` per cell of its matrix).
 """
 
 from __future__ import annotations
@@ -113,14 +114,20 @@ def check(ptr: int, count: int, pattern: int, errors: cupy.ndarray, stream) -> N
     )
 
 
+#: What the host does after freeing the block the slow kernel still reads (see :func:`race`).
+SCENARIOS = ("same_stream_reuse", "cross_stream_reuse", "free_in_flight")
+
+
 @dataclasses.dataclass
 class RaceResult:
-    """Outcome of ``race`` over several trials."""
+    """Outcome of ``race`` over several trials (``crashed``: the error that ended them, where
+    ``race`` was asked to catch it)."""
 
     trials: int
     corrupted: int
     same_address: int
     free_us: list[float]
+    crashed: str | None = None
 
     @property
     def rate(self) -> float:
@@ -132,42 +139,61 @@ class RaceResult:
 
 
 def race(mr, *, trials: int = 200, nbytes: int = 4 << 20, spin_ms: float = 0.5,
-         rng: np.random.Generator | None = None) -> RaceResult:
-    """Free a block while a slow kernel still reads it, then let another stream overwrite
+         rng: np.random.Generator | None = None, scenario: str = "cross_stream_reuse",
+         catch: bool = False) -> RaceResult:
+    """Free a block while a slow kernel still reads it, then (by ``scenario``) overwrite
     whatever ``mr`` hands out next, and check the slow kernel's checksum.
 
     Each trial: fresh random float32 data in block A (stream s1); ``slow_checksum`` on s1
-    spins ``spin_ms`` then sums A in float64; the host frees A on s1 at once, allocates the
-    same size on s2 and overwrites it there. A checksum that differs from the float64
-    reference of the data is a corruption.
+    spins ``spin_ms`` then sums A in float64; the host frees A on s1 at once, then
+
+    - ``cross_stream_reuse`` (the default): allocates the same size on s2 and overwrites it
+      there;
+    - ``same_stream_reuse``: allocates the same size on s1 and overwrites it there;
+    - ``free_in_flight``: allocates nothing; the free alone must not hurt the running kernel.
+
+    A checksum that differs from the float64 reference of the data is a corruption. With
+    ``catch``, an exception (a CUDA error once the context is lost) ends the trials and is
+    stored in ``crashed`` instead of raised.
     """
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")
     rng = rng or np.random.default_rng()
     count = nbytes // 4
     s1 = cupy.cuda.Stream(non_blocking=True)
     s2 = cupy.cuda.Stream(non_blocking=True)
     r1, r2 = rmm.pylibrmm.stream.Stream(s1), rmm.pylibrmm.stream.Stream(s2)
+    reuse = {"same_stream_reuse": (s1, r1), "cross_stream_reuse": (s2, r2)}.get(scenario)
     out = cupy.empty(1, dtype=cupy.float64)
     result = RaceResult(trials, 0, 0, [])
-    for _ in range(trials):
-        host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
-        reference = host.astype(np.float64).sum()
-        a = mr.allocate(nbytes, r1)
-        as_array(a, count, np.float32).set(host, stream=s1)
-        with s1:
-            out.fill(0.0)  # the checksum accumulates; an unrun kernel leaves 0, never the sum
-        slow_checksum(a, count, spin_ms, out, s1)
-        start = time.perf_counter()
-        mr.deallocate(a, nbytes, r1)
-        result.free_us.append((time.perf_counter() - start) * 1e6)
-        b = mr.allocate(nbytes, r2)
-        result.same_address += b == a
-        fill(b, count, pattern=int(rng.integers(1, 2**32)), stream=s2)
+    try:
+        for _ in range(trials):
+            host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
+            reference = host.astype(np.float64).sum()
+            a = mr.allocate(nbytes, r1)
+            as_array(a, count, np.float32).set(host, stream=s1)
+            with s1:
+                out.fill(0.0)  # the checksum accumulates; an unrun kernel leaves 0, never the sum
+            slow_checksum(a, count, spin_ms, out, s1)
+            start = time.perf_counter()
+            mr.deallocate(a, nbytes, r1)
+            result.free_us.append((time.perf_counter() - start) * 1e6)
+            b = None
+            if reuse is not None:
+                b = mr.allocate(nbytes, reuse[1])
+                result.same_address += b == a
+                fill(b, count, pattern=int(rng.integers(1, 2**32)), stream=reuse[0])
+            s1.synchronize()
+            s2.synchronize()
+            got = float(out.get()[0])
+            if not np.isclose(got, reference, rtol=1e-9, atol=1e-6):
+                result.corrupted += 1
+            if b is not None:
+                mr.deallocate(b, nbytes, reuse[1])
         s1.synchronize()
         s2.synchronize()
-        got = float(out.get()[0])
-        if not np.isclose(got, reference, rtol=1e-9, atol=1e-6):
-            result.corrupted += 1
-        mr.deallocate(b, nbytes, r2)
-    s1.synchronize()
-    s2.synchronize()
+    except Exception as exc:  # CUDARuntimeError once the context is lost
+        if not catch:
+            raise
+        result.crashed = f"{type(exc).__name__}: {exc}".replace("CUDARuntimeError: ", "")
     return result

@@ -2,15 +2,16 @@
 """The command line without a GPU: help, spec errors, the no-GPU exit, the doctor's report."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from rmm_fences._cuda import device_count
-from rmm_fences._doctor import CHAINS, SCENARIOS, Cell, table, to_json
+from rmm_fences._cli.doctor import CHAINS, SCENARIOS, Cell, table, to_json
 
-COMMANDS = ("doctor", "reduce", "bench", "demo", "pool-bench", "reduce-bench", "tracking-bench")
+COMMANDS = ("doctor", "reduce", "bench")
 
 
 def cli(*args):
@@ -24,11 +25,37 @@ def test_help_works_everywhere(command):
     assert res.returncode == 0 and "usage: rmm-fences " + command in res.stdout
 
 
+def test_help_lists_exactly_the_three_commands():
+    res = cli("--help")
+    assert res.returncode == 0
+    listed = re.search(r"\{([^}]*)\}", res.stdout).group(1).split(",")
+    assert listed == list(COMMANDS)
+    for removed in ("demo", "pool-bench", "reduce-bench", "tracking-bench"):
+        assert removed not in res.stdout
+        res = cli(removed)
+        assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
+def test_subcommands_are_a_table_not_an_if_chain():
+    from rmm_fences import _cli
+
+    assert list(_cli.COMMANDS) == list(COMMANDS)
+    for help_, add_arguments, run in _cli.COMMANDS.values():
+        assert help_ and callable(add_arguments) and callable(run)
+
+
 def test_console_script_is_declared():
     from importlib.metadata import entry_points
 
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "rmm-fences"]
-    assert ep.value == "rmm_fences.__main__:main"
+    assert ep.value == "rmm_fences._cli:main"
+
+
+def test_the_scenarios_match_the_race_trial():
+    pytest.importorskip("cupy")
+    from rmm_fences import _scenarios
+
+    assert _scenarios.SCENARIOS == SCENARIOS
 
 
 @pytest.mark.parametrize("args", [("reduce", "--resource", "poool(cuda)"),
@@ -81,7 +108,7 @@ def test_doctor_labels_table_and_json():
 
 def test_doctor_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    from rmm_fences._doctor import plot
+    from rmm_fences._cli.doctor import plot
 
     path = tmp_path / "matrix.png"
     plot(sample_cells(), str(path))
@@ -101,7 +128,7 @@ def test_the_matrix_covers_every_chain_of_the_issue():
 
 @pytest.mark.skipif(device_count() > 0, reason="a child without a GPU must fail to run a cell")
 def test_a_child_that_dies_reads_as_a_crash():
-    from rmm_fences._doctor import run_cell_in_child
+    from rmm_fences._cli.doctor import run_cell_in_child
 
     cell = run_cell_in_child("cuda", "free_in_flight", 1)
     assert cell.outcome == "crashed" and cell.crashed

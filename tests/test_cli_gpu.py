@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``rmm-fences reduce`` and ``rmm-fences bench`` on a GPU: they run, check and report."""
+"""``rmm-fences reduce`` and ``rmm-fences bench`` on a GPU: they run, check and report (the
+doctor: test_doctor_gpu.py)."""
 
 import re
 import subprocess
@@ -40,3 +41,30 @@ def test_bench_reports_a_row_per_spec():
         assert len(row) == 1, res.stdout
         py_us, native_ns = map(float, row[0][len(spec):].split())
         assert py_us > 0 and native_ns > 0
+
+
+def test_bench_defaults_to_the_three_peers():
+    res = cli("bench", "--iters", "2000")
+    assert res.returncode == 0
+    rows = [line.split()[0] for line in res.stdout.splitlines()[1:] if line.strip()]
+    assert rows == ["pool(cuda_async)", "rmm_pool(cuda)", "cuda_async"], res.stdout
+
+
+def test_the_cub_temp_loop_floor_and_a_chain_agree_on_the_sum():
+    import cupy
+
+    from rmm_fences.bench import cub_temp_loop, cub_temp_loop_us
+    from rmm_fences.compose import compose
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    x = cupy.random.RandomState(3).standard_normal(4099, dtype=cupy.float32)
+    out = cupy.empty(1, dtype=cupy.float32)
+    cupy.cuda.Device().synchronize()  # the loop runs on a non-blocking stream
+    for mr in (None, compose("pool(cuda)")):
+        assert cub_temp_loop_us(x, out, mr, stream, iterations=20, rounds=2) > 0
+        out.fill(0)
+        cupy.cuda.Device().synchronize()
+        cub_temp_loop(x, out, mr, stream)()
+        stream.synchronize()
+        assert float(out.get()[0]) == pytest.approx(float(x.astype(cupy.float64).sum().get()),
+                                                    rel=1e-3, abs=1e-2)

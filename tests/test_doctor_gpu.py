@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rmm_fences._doctor import CHAINS, SCENARIOS
+from rmm_fences._cli.doctor import CHAINS, SCENARIOS
 
 pytestmark = pytest.mark.gpu
 
@@ -43,3 +43,17 @@ def test_doctor_quick_json_matches_the_expected_matrix(tmp_path):
         if cell["outcome"] == "correct":
             assert cell["free_us"] is not None
     assert wrong == []
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_cell_in_process_is_the_race_trial(scenario):
+    # run_cell is _scenarios.race per scenario: the unsafe cache corrupts only where another
+    # stream reuses the block; the deferred fence keeps every scenario correct
+    from rmm_fences._cli.doctor import run_cell
+
+    unsafe = run_cell("naive_cache(cuda)", scenario, 20, random_state=1)
+    fenced = run_cell("sync_on_free(naive_cache(cuda), mode=deferred)", scenario, 20,
+                      random_state=1)
+    assert unsafe.crashed is None and fenced.crashed is None
+    assert (unsafe.corrupted > 0) == (scenario == "cross_stream_reuse")
+    assert fenced.outcome == "correct" and fenced.free_us is not None

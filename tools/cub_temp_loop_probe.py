@@ -14,7 +14,7 @@ import time
 
 import cupy
 
-from rmm_fences._reduce_bench import cub_temp_loop_fn, cub_temp_loop_us
+from rmm_fences.bench import cub_temp_loop, cub_temp_loop_us
 from rmm_fences.compose import compose
 
 CHAINS = {"preallocated": None, "rmm_fences_pool": "pool(cuda, initial_pool_size=1GiB)",
@@ -39,19 +39,19 @@ def main():
         out = cupy.empty(1, dtype=cupy.float32)
         for name, spec in CHAINS.items():
             mr = compose(spec) if spec else None
-            fn = cub_temp_loop_fn(cupy, stream, x, out, mr)
+            fn = cub_temp_loop(x, out, mr, stream)
             fn()
             stream.synchronize()
             warm = statistics.median(burst(fn, stream) for _ in range(50))
             fresh = []
             for _ in range(10):
                 mr2 = compose(spec) if spec else None
-                fn2 = cub_temp_loop_fn(cupy, stream, x, out, mr2)
+                fn2 = cub_temp_loop(x, out, mr2, stream)
                 fn2()
                 stream.synchronize()
                 fresh.append(burst(fn2, stream))
                 del fn2, mr2
-            ev = cub_temp_loop_us(cupy, stream, x, out, mr, 50, 3)
+            ev = cub_temp_loop_us(x, out, mr, stream, 50, 3)
             print(f"{name:18s} {n:9d} {warm:8.1f} {statistics.median(fresh):8.1f} {ev:8.1f}",
                   flush=True)
 

@@ -2,9 +2,9 @@
 # Run on the GPU host (device tool), from the repository root, with .whl and .dist carried:
 #   bash tools/gpu_host.sh [pytest args...]
 # Installs the pinned wheels and the rmm_fences wheel built on the CPU machine, runs the whole
-# test suite (GPU tests included) and the demo; logs go to $OUT when it is set.
-# Switches (environment): SKIP_BENCH (no demo, no pool-bench), SKIP_TRACKING_BENCH,
-# REDUCE_BENCH (P5/P6), DOCTOR (doctor --quick with JSON and PNG), ASV=<commit hash> (the asv
+# test suite (GPU tests included) and `rmm-fences bench`; logs go to $OUT when it is set.
+# Switches (environment): SKIP_BENCH (no `rmm-fences bench`), DOCTOR (doctor --quick with JSON
+# and PNG), ASV=<commit hash> (the asv
 # suite; results copied to $OUT/asv-results for `asv publish` where the git repo is),
 # TEST_DEADLINE=<seconds> (default 420: a test run still going then gets its native stacks
 # dumped with cuda-gdb into $OUT/hang_bt.txt and is killed; faulthandler prints the Python
@@ -46,10 +46,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   rc=$?
   grep -v "^$" "$out/pytest.log" | tail -60
 fi
-[ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences demo 2>&1 | tee "$out/demo.log"
-[ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences pool-bench 2>&1 | tee "$out/pool-bench.log"
-[ -z "${SKIP_TRACKING_BENCH:-}" ] && python3 -P -m rmm_fences tracking-bench 2>&1 | tee "$out/tracking-bench.log"
-[ -n "${REDUCE_BENCH:-}" ] && python3 -P -m rmm_fences reduce-bench 2>&1 | tee "$out/reduce-bench.log"
+[ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences bench 2>&1 | tee "$out/bench.log"
 if [ -n "${DOCTOR:-}" ]; then
   python3 -P -m rmm_fences doctor --quick --json "$out/doctor.json" --plot "$out/doctor.png" 2>&1 \
     | tee "$out/doctor.log"

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""allocate + deallocate per chain: from Python (time_) and in the native C++ loop (track_)."""
+"""allocate + deallocate per chain: from Python (time_) and in the native C++ loop (track_);
+what a deferred SyncOnFree and a HazardTrackingResourceAdaptor add to their upstream's pair; the
+CUDA calls of a deferred free."""
 
 from ._common import CHAINS, make, require_gpu, streams
 
@@ -55,3 +57,83 @@ class DeferredFence:
         return statistics.median(over)
 
     track_cost_per_free_ns.unit = "ns"
+
+
+# The upstreams under a tracker (rmm_fences specs).
+UPSTREAMS = {
+    "cuda_async": "cuda_async",
+    "rmm_pool": "rmm_pool(cuda, initial_pool_size=1GiB)",
+    "rmm_fences_pool": "pool(cuda, initial_pool_size=1GiB)",
+    "sync_on_free_deferred": "sync_on_free(cuda_async, mode=deferred)",
+    "naive_cache": "naive_cache(cuda)",
+}
+
+
+class TrackingOverhead:
+    """What HazardTrackingResourceAdaptor (on_hazard=record, stacks off) adds to each
+    upstream's 1 MiB pair on a created stream: tracked / bare, bare and tracked runs paired in
+    rounds (median of 5), natively and from Python. The naive cache is not stream-ordered, so
+    the tracker fences every free there."""
+
+    params = [list(UPSTREAMS)]
+    param_names = ["upstream"]
+    timeout = 300
+
+    def setup(self, upstream):
+        require_gpu()
+        from rmm_fences import HazardTrackingResourceAdaptor
+        from rmm_fences.bench import alloc_free_ns
+        from rmm_fences.compose import compose
+
+        self.bare = compose(UPSTREAMS[upstream])
+        self.tracked = HazardTrackingResourceAdaptor(self.bare, on_hazard="record")
+        _, (self.stream,) = streams()
+        for mr in (self.bare, self.tracked):
+            alloc_free_ns(mr, 1 << 20, 2000, self.stream)  # warm up
+
+    def _python_us(self, mr, pairs=5000):
+        import time
+
+        start = time.perf_counter()
+        for _ in range(pairs):
+            mr.deallocate(mr.allocate(1 << 20, self.stream), 1 << 20, self.stream)
+        return (time.perf_counter() - start) / pairs * 1e6
+
+    def track_native_ratio(self, upstream):
+        import statistics
+
+        from rmm_fences.bench import alloc_free_ns
+
+        return statistics.median(alloc_free_ns(self.tracked, 1 << 20, 20000, self.stream)
+                                 / alloc_free_ns(self.bare, 1 << 20, 20000, self.stream)
+                                 for _ in range(5))
+
+    track_native_ratio.unit = "tracked/bare"
+
+    def track_python_ratio(self, upstream):
+        import statistics
+
+        return statistics.median(self._python_us(self.tracked) / self._python_us(self.bare)
+                                 for _ in range(5))
+
+    track_python_ratio.unit = "tracked/bare"
+
+
+class FenceCalls:
+    """Host ns per call of each CUDA call a deferred free makes, on an idle stream, through the
+    runtime and through the driver entry points the resources call
+    (rmm_fences.bench.fence_call_ns)."""
+
+    params = [["event_record", "event_query", "stream_is_capturing", "cu_event_record",
+               "cu_event_query", "cu_stream_is_capturing", "cu_stream_get_id"]]
+    param_names = ["call"]
+
+    def setup(self, call):
+        require_gpu()
+
+    def track_call_ns(self, call):
+        from rmm_fences.bench import fence_call_ns
+
+        return fence_call_ns()[call]
+
+    track_call_ns.unit = "ns"

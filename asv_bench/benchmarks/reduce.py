@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The CUB temp-storage loop per chain and size (allocate CUB temp, reduce, free without a sync),
-with a preallocated temp buffer as the floor; and cupy.sum per CuPy allocator."""
+with a preallocated temp buffer as the floor; the device-to-device copy bandwidth its
+bandwidth compares with; and cupy.sum per CuPy allocator."""
 
 from ._common import CHAINS, make, require_gpu
 
@@ -19,7 +20,7 @@ class CubTempStorageLoop:
         require_gpu()
         import cupy
 
-        from rmm_fences._reduce_bench import cub_temp_loop_fn
+        from rmm_fences.bench import cub_temp_loop
 
         self.cupy = cupy
         self.mr = None if chain == "preallocated" else make(chain)
@@ -28,7 +29,7 @@ class CubTempStorageLoop:
         self.out = cupy.empty(1, dtype=cupy.float32)
         cupy.cuda.Device().synchronize()
         # preallocated: cuda.compute's reducer on a temp buffer allocated once (the floor)
-        self.fn = cub_temp_loop_fn(cupy, self.stream, self.x, self.out, self.mr)
+        self.fn = cub_temp_loop(self.x, self.out, self.mr, self.stream)
         self.fn()  # warm up (JIT, CUB's temp size)
         self.stream.synchronize()
 
@@ -38,12 +39,49 @@ class CubTempStorageLoop:
         self.stream.synchronize()
 
     def track_bandwidth_gbs(self, chain, n):
-        from rmm_fences._reduce_bench import cub_temp_loop_us
+        from rmm_fences.bench import cub_temp_loop_us
 
-        us = cub_temp_loop_us(self.cupy, self.stream, self.x, self.out, self.mr, 50, 3)
+        us = cub_temp_loop_us(self.x, self.out, self.mr, self.stream, 50, 3)
         return self.x.nbytes / (us * 1e-6) / 1e9
 
     track_bandwidth_gbs.unit = "GB/s"
+
+
+class CopyBandwidth:
+    """A device-to-device copy on one stream (cudaMemcpyAsync), GB/s of read + write bytes:
+    what the GPU's memory moves, the ceiling for CubTempStorageLoop.track_bandwidth_gbs (which
+    counts input bytes only)."""
+
+    params = [[256 << 20, 1 << 30]]
+    param_names = ["nbytes"]
+    timeout = 300
+
+    def setup(self, nbytes):
+        require_gpu()
+        import cupy
+
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.a = cupy.ones(nbytes // 4, dtype=cupy.float32)
+        self.b = cupy.empty_like(self.a)
+        cupy.cuda.Device().synchronize()
+
+    def teardown(self, nbytes):
+        del self.a, self.b
+
+    def track_copy_gbs(self, nbytes):
+        import cupy
+
+        from rmm_fences.bench import event_time_us
+
+        rt, a, b, stream = cupy.cuda.runtime, self.a, self.b, self.stream
+
+        def copy():
+            rt.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, rt.memcpyDeviceToDevice, stream.ptr)
+
+        us = event_time_us(copy, stream, 20)
+        return 2 * nbytes / (us * 1e-6) / 1e9
+
+    track_copy_gbs.unit = "GB/s"
 
 
 class CupySum:

@@ -23,9 +23,9 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 MODES = ("device", "stream", "deferred")
+# the scenarios of rmm_fences._scenarios.race (not imported here: that module needs CuPy)
 SCENARIOS = ("same_stream_reuse", "cross_stream_reuse", "free_in_flight")
 VMM = "vmm_unmap(reserve_size=16GiB)"
 CHAINS = (
@@ -73,55 +73,25 @@ class Cell:
 
 def run_cell(chain: str, scenario: str, trials: int, *, nbytes: int = 4 << 20,
              spin_ms: float = 0.5, random_state: int | None = None) -> Cell:
-    """Run one cell in this process (a crash loses this process's CUDA context)."""
-    import cupy
+    """Run one cell in this process: the race trial (``rmm_fences._scenarios.race``) of
+    ``scenario`` over a fresh ``chain`` (a crash loses this process's CUDA context)."""
     import numpy as np
-    import rmm
 
-    from rmm_fences import _scenarios
+    from rmm_fences._scenarios import race
     from rmm_fences.compose import compose
 
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")
     mr = compose(chain)
-    rng = np.random.default_rng(random_state)
-    count = nbytes // 4
-    s1 = cupy.cuda.Stream(non_blocking=True)
-    s2 = cupy.cuda.Stream(non_blocking=True)
-    r1, r2 = rmm.pylibrmm.stream.Stream(s1), rmm.pylibrmm.stream.Stream(s2)
-    out = cupy.empty(1, dtype=cupy.float64)
-    cell = Cell(chain, scenario, trials)
-    free_us = []
-    try:
-        for trial in range(trials):
-            host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
-            reference = host.astype(np.float64).sum()
-            a = mr.allocate(nbytes, r1)
-            _scenarios.as_array(a, count, np.float32).set(host, stream=s1)
-            with s1:
-                out.fill(0.0)
-            _scenarios.slow_checksum(a, count, spin_ms, out, s1)
-            start = time.perf_counter()
-            mr.deallocate(a, nbytes, r1)
-            free_us.append((time.perf_counter() - start) * 1e6)
-            b = None
-            if scenario == "same_stream_reuse":
-                b, stream, rs = mr.allocate(nbytes, r1), s1, r1
-            elif scenario == "cross_stream_reuse":
-                b, stream, rs = mr.allocate(nbytes, r2), s2, r2
-            if b is not None:
-                _scenarios.fill(b, count, pattern=trial + 1, stream=stream)
-            s1.synchronize()
-            s2.synchronize()
-            if not np.isclose(float(out.get()[0]), reference, rtol=1e-9, atol=1e-6):
-                cell.corrupted += 1
-            if b is not None:
-                mr.deallocate(b, nbytes, rs)
-        if hasattr(mr, "flush"):
+    res = race(mr, trials=trials, nbytes=nbytes, spin_ms=spin_ms,
+               rng=np.random.default_rng(random_state), scenario=scenario, catch=True)
+    cell = Cell(chain, scenario, trials, corrupted=res.corrupted, crashed=res.crashed)
+    if not cell.crashed and hasattr(mr, "flush"):
+        try:
             mr.flush()
-    except Exception as exc:  # CUDARuntimeError once the context is lost
-        cell.crashed = f"{type(exc).__name__}: {exc}".replace("CUDARuntimeError: ", "")
-    cell.free_us = statistics.median(free_us) if free_us else None
+        except Exception as exc:  # CUDARuntimeError once the context is lost
+            cell.crashed = f"{type(exc).__name__}: {exc}".replace("CUDARuntimeError: ", "")
+    cell.free_us = statistics.median(res.free_us) if res.free_us else None
     hazards = getattr(mr, "hazards", None)
     if hazards is not None and not cell.crashed:
         cell.hazards = tuple(sorted({h.kind for h in hazards}))
@@ -130,7 +100,7 @@ def run_cell(chain: str, scenario: str, trials: int, *, nbytes: int = 4 << 20,
 
 def run_cell_in_child(chain: str, scenario: str, trials: int, **kwargs) -> Cell:
     """Run one cell in a child process; a lost context or a dead child is a crash."""
-    args = [sys.executable, "-P", "-m", "rmm_fences._doctor", chain, scenario, str(trials),
+    args = [sys.executable, "-P", "-m", "rmm_fences._cli.doctor", chain, scenario, str(trials),
             json.dumps(kwargs)]
     res = subprocess.run(args, capture_output=True, text=True, timeout=600)
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
@@ -232,23 +202,41 @@ def plot(cells: list[Cell], path: str) -> None:
     plt.close(fig)
 
 
-def run(trials: int, *, json_path: str | None = None, plot_path: str | None = None,
-        quick: bool = False) -> int:
+HELP = "the hazard matrix: which chains survive freeing while a kernel still reads"
+DESCRIPTION = ("Run the race trial in three scenarios (same-stream reuse, cross-stream reuse, "
+               "free while a kernel is in flight) on every chain and print the outcome of each "
+               "cell (correct, corrupted, crashed, hazards reported) with the cost per free.")
+
+
+def add_arguments(parser) -> None:
+    from rmm_fences._cli._args import positive
+
+    parser.add_argument("--trials", type=positive, default=100,
+                        help="trials per cell (default 100; 20 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="20 trials per cell")
+    parser.add_argument("--json", metavar="PATH", help="also write the matrix as JSON")
+    parser.add_argument("--plot", metavar="PATH",
+                        help="also draw cost against outcome per chain (PNG, needs matplotlib)")
+
+
+def run(args) -> int:
+    """``rmm-fences doctor``: the matrix on this GPU, printed (and written with --json/--plot)."""
     import cupy
 
+    trials = 20 if args.quick and args.trials == 100 else args.trials
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     print(f"rmm-fences doctor on {name}: {trials} trials per cell, 4 MiB blocks, the reader "
           "spins 0.5 ms")
     cells = run_matrix(trials=trials, progress=progress_bar())
     print(table(cells))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(to_json(cells, device=name, trials=trials, quick=quick), f, indent=2)
-        print(f"wrote {json_path}")
-    if plot_path:
-        plot(cells, plot_path)
-        print(f"wrote {plot_path}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(to_json(cells, device=name, trials=trials, quick=args.quick), f, indent=2)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(cells, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

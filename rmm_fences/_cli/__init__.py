@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ``rmm-fences`` command line (also ``python -m rmm_fences``): ``doctor``, ``reduce``,
+``bench``. Each subcommand module holds HELP, add_arguments(parser) and run(args); the
+modules import CuPy and rmm only when they run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rmm_fences._cli import bench, doctor, reduce
+
+#: name -> (help, add_arguments(parser), run(args) -> exit code)
+COMMANDS = {
+    "doctor": (doctor.HELP, doctor.add_arguments, doctor.run),
+    "reduce": (reduce.HELP, reduce.add_arguments, reduce.run),
+    "bench": (bench.HELP, bench.add_arguments, bench.run),
+}
+DESCRIPTIONS = {"doctor": doctor.DESCRIPTION}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="rmm-fences",
+        description="RMM resources that make freeing GPU memory safe without a host sync.",
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+    for name, (help_, add_arguments, _) in COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=help_, description=DESCRIPTIONS.get(name)))
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from rmm_fences._cli._args import spec_error
+
+    error = spec_error(args)
+    if error:
+        print(f"rmm-fences {args.command}: bad --resource: {error}", file=sys.stderr)
+        return 2
+    from rmm_fences._cuda import device_count, no_device_reason
+
+    if device_count() == 0:
+        print(f"rmm-fences {args.command}: {no_device_reason()}; this command needs a CUDA GPU.",
+              file=sys.stderr)
+        return 2
+    return COMMANDS[args.command][2](args)

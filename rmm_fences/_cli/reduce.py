@@ -1,0 +1,37 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``rmm-fences reduce``: the CUB temp-storage loop over one resource spec."""
+
+from __future__ import annotations
+
+HELP = "the CUB temp-storage loop (allocate, CUB reduce, free without a sync) over a resource"
+
+
+def add_arguments(parser) -> None:
+    from rmm_fences._cli._args import positive, size
+
+    parser.add_argument("--resource", metavar="SPEC", default="pool(cuda_async)",
+                        help="resource spec (default: pool(cuda_async))")
+    parser.add_argument("--n", type=size, default=1 << 20,
+                        help="float32 items per reduce (default 1M; '16M' style accepted)")
+    parser.add_argument("--iters", type=positive, default=1000, help="calls timed (default 1000)")
+
+
+def run(args) -> int:
+    """us per call, GB/s and the ratio to a preallocated temp buffer, for ``--resource``."""
+    import cupy
+
+    from rmm_fences.bench import cub_temp_loop_us
+    from rmm_fences.compose import compose
+
+    spec, n, iters = args.resource, args.n, args.iters
+    mr = compose(spec)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    x = cupy.random.RandomState(1).standard_normal(n, dtype=cupy.float32)
+    out = cupy.empty(1, dtype=cupy.float32)
+    cupy.cuda.Device().synchronize()
+    floor = cub_temp_loop_us(x, out, None, stream, iters)
+    us = cub_temp_loop_us(x, out, mr, stream, iters)
+    gbs = x.nbytes / (us * 1e-6) / 1e9
+    print(f"{spec}: sum of {n} float32, {iters} calls: {us:.2f} us per call, {gbs:.1f} GB/s, "
+          f"{us / floor:.2f}x the preallocated temp buffer ({floor:.2f} us)")
+    return 0
