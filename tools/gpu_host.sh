@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Run on the GPU host (device tool), from the repository root, with .whl and .dist carried:
+# Run on the GPU host (device tool), from the repository root, with .whl, .dist and the host
+# test harness built here by `make install` carried
+# (carry: .whl, .dist, tests/native/rmm_fences_testing.abi3.so):
 #   bash tools/gpu_host.sh [pytest args...]
 # Installs the pinned wheels and the rmm_fences wheel built on the CPU machine, runs the whole
 # test suite (GPU tests included) and `rmm-fences bench`; logs go to $OUT when it is set.
