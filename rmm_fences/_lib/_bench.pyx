@@ -15,12 +15,9 @@ from rmm.librmm.memory_resource cimport device_async_resource_ref
 from rmm.pylibrmm.memory_resource._memory_resource cimport DeviceMemoryResource
 from rmm.pylibrmm.stream cimport Stream
 
-from rmm.pylibrmm.stream import DEFAULT_STREAM
+from rmm_fences._lib.memory_resource cimport as_stream
 
 from rmm_fences._sizes import parse_bytes
-
-
-include "_stream_arg.pxi"
 
 
 cdef extern from "cuda.h" nogil:
@@ -100,7 +97,7 @@ def alloc_free_ns(DeviceMemoryResource mr not None, nbytes, size_t iterations=10
     cdef size_t c_nbytes = parse_bytes(nbytes, "nbytes")
     if iterations == 0:
         raise ValueError("iterations must be positive, got 0")
-    cdef Stream s = _as_stream(stream)
+    cdef Stream s = as_stream(stream)
     cdef stream_ref c_stream = s.view()
     cdef double ns
     with nogil:
@@ -117,7 +114,7 @@ def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
     """
     if iterations == 0:
         raise ValueError("iterations must be positive, got 0")
-    cdef Stream s = _as_stream(stream)
+    cdef Stream s = as_stream(stream)
     cdef stream_ref c_stream = s.view()
     cdef fence_costs c
     with nogil:
@@ -151,7 +148,7 @@ def random_allocations(DeviceMemoryResource mr not None, size_t operations=10000
         raise ValueError(f"need 0 < min_size <= max_size, got {lo} and {hi}")
     if max_live == 0:
         raise ValueError("max_live must be positive, got 0")
-    cdef Stream s = _as_stream(stream)
+    cdef Stream s = as_stream(stream)
     cdef stream_ref c_stream = s.view()
     cdef double ops
     with nogil:
@@ -164,7 +161,7 @@ cdef vector[cudaStream_t] _stream_handles(object streams) except *:
     cdef vector[cudaStream_t] handles
     cdef Stream rs
     for x in streams:
-        rs = _as_stream(x)
+        rs = as_stream(x)
         handles.push_back(rs.view().get())
     if handles.size() == 0:
         raise ValueError("streams must hold at least one stream")

@@ -1,20 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
 # cython: language_level=3
-"""RMM memory resources of rmm_fences, bound as subclasses of rmm's resources."""
+"""RMM memory resources of rmm_fences, bound as subclasses of rmm's resources.
+
+The C++ classes are declared in memory_resource.pxd; this module holds only the Python-facing
+classes. Each resource is one ``cdef class`` over its public C++ class. The adaptors of an
+upstream also get a Python class of the public name whose ``__new__`` checks ``upstream_mr``:
+rmm's ``UpstreamResourceAdaptor.__cinit__`` runs before any subclass's ``__cinit__`` and would
+refuse a bad upstream with its own error (a bare ``Exception`` for None).
+"""
+
+import atexit
+import sys
+import warnings
+import weakref
 
 from cython.operator cimport dereference as deref
 from libc.stddef cimport size_t
 from libc.stdint cimport uint64_t, uintptr_t
 from libcpp.memory cimport unique_ptr
 from libcpp.optional cimport optional
-from libcpp.vector cimport vector
+from libcpp.string cimport string
 
 from rmm.librmm.cuda_stream_ref cimport stream_ref
-from rmm.librmm.memory_resource cimport (
-    any_resource,
-    device_accessible,
-    device_async_resource_ref,
-)
+from rmm.librmm.memory_resource cimport any_resource, device_accessible
+from rmm.librmm.per_device_resource cimport cuda_device_id
 from rmm.pylibrmm.memory_resource._memory_resource cimport (
     DeviceMemoryResource,
     UpstreamResourceAdaptor,
@@ -23,98 +32,39 @@ from rmm.pylibrmm.stream cimport Stream
 
 from rmm.pylibrmm.stream import DEFAULT_STREAM
 
+from rmm_fences._hazards import (
+    HazardError,
+    HazardWarning,
+    allocation_from_fields,
+    format_report,
+    hazard_from_fields,
+    leak_record,
+)
 from rmm_fences._sizes import parse_bytes
 
-from rmm_fences._lib._pool cimport pool_stats_dict, stream_ordered_pool_stats
-from rmm_fences._lib._sync_on_free cimport (
+from rmm_fences._lib._cores cimport (
+    allocation_fields,
     free_problem,
-    free_result,
+    hazard_fields,
+    hazard_record,
+    hazard_tracker_stats,
     mode_from_name,
-    stats_dict,
-    sync_mode,
-    sync_on_free_stats,
 )
 
 
-cdef extern from "rmm_fences/sync_on_free_resource_adaptor.hpp" \
-        namespace "rmm_fences::mr" nogil:
-    cdef cppclass sync_on_free_resource_adaptor_impl \
-            "rmm_fences::mr::detail::sync_on_free_resource_adaptor_impl":
-        void* allocate(stream_ref stream, size_t nbytes) except +
-        free_result deallocate_checked(stream_ref stream, void* ptr, size_t nbytes) noexcept
-        void flush() except +
-        size_t pending_bytes() except +
-        size_t pending_count() except +
-        sync_on_free_stats stats() except +
-
-    cdef cppclass sync_on_free_resource_adaptor:
-        sync_on_free_resource_adaptor(
-            any_resource[device_accessible] upstream,
-            sync_mode mode,
-            optional[size_t] max_pending_bytes,
-        ) except +
-        sync_on_free_resource_adaptor_impl& get()
-
-
-cdef extern from "rmm_fences/naive_caching_memory_resource.hpp" \
-        namespace "rmm_fences::mr" nogil:
-    cdef cppclass naive_caching_memory_resource_impl \
-            "rmm_fences::mr::detail::naive_caching_memory_resource_impl":
-        void release()
-        size_t cached_bytes() except +
-        uint64_t hits() except +
-        uint64_t misses() except +
-
-    cdef cppclass naive_caching_memory_resource:
-        naive_caching_memory_resource(
-            any_resource[device_accessible] upstream,
-        ) except +
-        naive_caching_memory_resource_impl& get()
-
-
-cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
-        namespace "rmm_fences::mr" nogil:
-    cdef cppclass stream_ordered_pool_memory_resource_impl \
-            "rmm_fences::mr::detail::stream_ordered_pool_memory_resource_impl":
-        void* try_allocate_cached(stream_ref stream, size_t nbytes) except +
-        void* allocate(stream_ref stream, size_t nbytes) except +
-        void deallocate(stream_ref stream, void* ptr, size_t nbytes) noexcept
-        int deallocate_checked(stream_ref stream, void* ptr, size_t nbytes,
-                               size_t* allocated_bytes) noexcept
-        void retire_stream(stream_ref stream) except +
-        size_t release() except +
-        size_t pool_size()
-        stream_ordered_pool_stats stats()
-
-    cdef cppclass stream_ordered_pool_memory_resource:
-        stream_ordered_pool_memory_resource(
-            any_resource[device_accessible] upstream,
-            size_t initial_pool_size,
-            optional[size_t] maximum_pool_size,
-        ) except +
-        stream_ordered_pool_memory_resource_impl& get()
-
-
-# rmm declares the template of make_device_async_resource_ref (librmm/memory_resource.pxd);
-# these are its overloads for our resources.
-cdef extern from *:
-    optional[device_async_resource_ref] make_device_async_resource_ref(
-        sync_on_free_resource_adaptor&) except +
-    optional[device_async_resource_ref] make_device_async_resource_ref(
-        naive_caching_memory_resource&) except +
-    optional[device_async_resource_ref] make_device_async_resource_ref(
-        stream_ordered_pool_memory_resource&) except +
-
-
-def _check_upstream(upstream_mr):
-    if not isinstance(upstream_mr, DeviceMemoryResource):
+cdef Stream as_stream(object stream):
+    """The stream argument of the native calls: None is the default stream."""
+    if stream is None:
+        return DEFAULT_STREAM
+    if isinstance(stream, Stream):
+        return stream
+    try:
+        return Stream(stream)
+    except Exception as exc:
         raise TypeError(
-            "upstream_mr must be an rmm.mr.DeviceMemoryResource "
-            f"(e.g. rmm.mr.CudaMemoryResource()), got {type(upstream_mr).__name__}"
-        )
-
-
-include "_stream_arg.pxi"
+            "stream must be None, an rmm Stream, or a CuPy, Numba, cuda.core or other "
+            f"__cuda_stream__ stream; got {type(stream).__name__}"
+        ) from exc
 
 
 cdef Stream _resource_stream(object stream):
@@ -125,7 +75,15 @@ cdef Stream _resource_stream(object stream):
             "stream argument cannot be None: omit it for the default stream, or pass an rmm "
             "Stream (e.g. rmm.pylibrmm.stream.DEFAULT_STREAM) or a CuPy, Numba, cuda.core or "
             "__cuda_stream__ stream")
-    return _as_stream(stream)
+    return as_stream(stream)
+
+
+def _check_upstream(upstream_mr):
+    if not isinstance(upstream_mr, DeviceMemoryResource):
+        raise TypeError(
+            "upstream_mr must be an rmm.mr.DeviceMemoryResource "
+            f"(e.g. rmm.mr.CudaMemoryResource()), got {type(upstream_mr).__name__}"
+        )
 
 
 cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
@@ -148,6 +106,15 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
+    def __init__(self, upstream_mr, mode="deferred", max_pending_bytes=None):
+        pass
+
+    def __repr__(self):
+        return (
+            f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
+            f"mode={self.mode!r}, max_pending_bytes={self.max_pending_bytes!r})"
+        )
+
     @property
     def mode(self) -> str:
         """When a freed block may go upstream: ``"device"``, ``"stream"`` or ``"deferred"``."""
@@ -161,12 +128,12 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
     @property
     def pending_bytes(self) -> int:
         """Bytes freed by the caller that did not reach the upstream yet."""
-        return deref(self.c_obj).get().pending_bytes()
+        return deref(self.c_obj).pending_bytes()
 
     @property
     def pending_count(self) -> int:
         """Number of freed blocks that did not reach the upstream yet."""
-        return deref(self.c_obj).get().pending_count()
+        return deref(self.c_obj).pending_count()
 
     def allocate(self, size_t nbytes, stream=DEFAULT_STREAM):
         """Allocate ``nbytes`` on ``stream`` from the upstream (retrying once after the pending
@@ -179,7 +146,7 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         cdef stream_ref c_stream = s.view()
         cdef void* ptr
         with nogil:
-            ptr = deref(self.c_obj).get().allocate(c_stream, nbytes)
+            ptr = deref(self.c_obj).allocate(c_stream, nbytes, CUDA_ALLOCATION_ALIGNMENT)
         return <uintptr_t>ptr
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM):
@@ -205,7 +172,7 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         cdef stream_ref c_stream = s.view()
         cdef free_result r
         with nogil:
-            r = deref(self.c_obj).get().deallocate_checked(c_stream, <void*>ptr, nbytes)
+            r = deref(self.c_obj).deallocate_checked(c_stream, <void*>ptr, nbytes)
         problem = free_problem(r, ptr, nbytes)
         if problem is not None:
             raise ValueError(problem)
@@ -218,7 +185,7 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         while a capture is under way they stay pending (nothing is released on a failure).
         """
         with nogil:
-            deref(self.c_obj).get().flush()
+            deref(self.c_obj).flush()
 
     @property
     def stats(self) -> dict:
@@ -228,7 +195,7 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         ``peak_pending_bytes``, ``failed_syncs`` (syncs and fence waits that failed: nothing
         was released on them), ``rejected_frees`` (double frees, foreign pointers, size
         mismatches)."""
-        return stats_dict(deref(self.c_obj).get().stats())
+        return deref(self.c_obj).stats()
 
 
 class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
@@ -272,15 +239,6 @@ class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
         _check_upstream(upstream_mr)
         return super().__new__(cls, upstream_mr, mode, max_pending_bytes)
 
-    def __init__(self, upstream_mr, mode="deferred", max_pending_bytes=None):
-        pass
-
-    def __repr__(self):
-        return (
-            f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
-            f"mode={self.mode!r}, max_pending_bytes={self.max_pending_bytes!r})"
-        )
-
 
 cdef class _NaiveCachingMemoryResource(UpstreamResourceAdaptor):
     cdef unique_ptr[naive_caching_memory_resource] c_obj
@@ -291,25 +249,31 @@ cdef class _NaiveCachingMemoryResource(UpstreamResourceAdaptor):
         ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
+    def __init__(self, upstream_mr):
+        pass
+
+    def __repr__(self):
+        return f"{type(self).__name__}({type(self.get_upstream()).__name__}())"
+
     def release(self) -> None:
         """Return every cached block to the upstream."""
         with nogil:
-            deref(self.c_obj).get().release()
+            deref(self.c_obj).release()
 
     @property
     def cached_bytes(self) -> int:
         """Bytes held in the cache."""
-        return deref(self.c_obj).get().cached_bytes()
+        return deref(self.c_obj).cached_bytes()
 
     @property
     def hits(self) -> int:
         """Allocations served from the cache (without any fence)."""
-        return deref(self.c_obj).get().hits()
+        return deref(self.c_obj).hits()
 
     @property
     def misses(self) -> int:
         """Allocations that went to the upstream."""
-        return deref(self.c_obj).get().misses()
+        return deref(self.c_obj).misses()
 
 
 class NaiveCachingMemoryResource(_NaiveCachingMemoryResource):
@@ -332,12 +296,6 @@ class NaiveCachingMemoryResource(_NaiveCachingMemoryResource):
     def __new__(cls, upstream_mr):
         _check_upstream(upstream_mr)
         return super().__new__(cls, upstream_mr)
-
-    def __init__(self, upstream_mr):
-        pass
-
-    def __repr__(self):
-        return f"{type(self).__name__}({type(self.get_upstream()).__name__}())"
 
 
 cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
@@ -364,6 +322,15 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
             ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
+    def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None):
+        pass
+
+    def __repr__(self):
+        return (
+            f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
+            f"pool_size={self.pool_size()}, maximum_pool_size={self.maximum_pool_size!r})"
+        )
+
     def allocate(self, size_t nbytes, stream=DEFAULT_STREAM):
         """Allocate ``nbytes`` on ``stream`` (see :class:`rmm.mr.DeviceMemoryResource`).
 
@@ -374,10 +341,10 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """
         cdef Stream rs = <Stream>stream if type(stream) is Stream else _resource_stream(stream)
         cdef stream_ref s = rs.view()
-        cdef void* ptr = deref(self.c_obj).get().try_allocate_cached(s, nbytes)
+        cdef void* ptr = deref(self.c_obj).try_allocate_cached(s, nbytes)
         if ptr == NULL:
             with nogil:
-                ptr = deref(self.c_obj).get().allocate(s, nbytes)
+                ptr = deref(self.c_obj).allocate(s, nbytes, CUDA_ALLOCATION_ALIGNMENT)
         return <uintptr_t>ptr
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM):
@@ -397,7 +364,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """
         cdef Stream rs = <Stream>stream if type(stream) is Stream else _resource_stream(stream)
         cdef size_t allocated = 0
-        cdef int status = deref(self.c_obj).get().deallocate_checked(
+        cdef int status = deref(self.c_obj).deallocate_checked(
             rs.view(), <void*>ptr, nbytes, &allocated)
         if status == 0:
             return
@@ -417,7 +384,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
 
     def pool_size(self) -> int:
         """Bytes held from the upstream."""
-        return deref(self.c_obj).get().pool_size()
+        return deref(self.c_obj).pool_size()
 
     @property
     def maximum_pool_size(self):
@@ -431,7 +398,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """
         cdef size_t n
         with nogil:
-            n = deref(self.c_obj).get().release()
+            n = deref(self.c_obj).release()
         return n
 
     def retire_stream(self, stream) -> None:
@@ -441,17 +408,17 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         Without it, blocks freed on a destroyed stream stay reserved for it until the pool
         runs short (one device synchronization then reclaims them) or :meth:`release`.
         """
-        cdef Stream s = _as_stream(stream)
+        cdef Stream s = as_stream(stream)
         cdef stream_ref c_stream = s.view()
         with nogil:
-            deref(self.c_obj).get().retire_stream(c_stream)
+            deref(self.c_obj).retire_stream(c_stream)
 
     @property
     def stats(self) -> dict:
         """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``same_stream_reuse``,
         ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
         ``reclaim_syncs``, ``retired_streams``, ``rejected_frees``."""
-        return pool_stats_dict(deref(self.c_obj).get().stats())
+        return deref(self.c_obj).stats()
 
 
 class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
@@ -488,15 +455,430 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
         _check_upstream(upstream_mr)
         return super().__new__(cls, upstream_mr, initial_pool_size, maximum_pool_size)
 
-    def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None):
+
+cdef cbool _python_stack(string& out) noexcept with gil:
+    """The calling thread's Python frames (innermost last), if it has any."""
+    try:
+        frame = sys._getframe(0)
+    except ValueError:
+        return False
+    lines = []
+    while frame is not None and len(lines) < 32:  # no source lookup: cheap on every call
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}')
+        frame = frame.f_back
+    out = "\n".join(reversed(lines)).encode()
+    return True
+
+
+cdef void _warn_hazard(const hazard_record& h, void* context) noexcept with gil:
+    record = hazard_from_fields(hazard_fields(h))
+    warnings.warn(HazardWarning(record.message), stacklevel=2)
+
+
+# Trackers alive at interpreter exit: hooks off (no callback into a finalizing interpreter),
+# and leaks reported where asked.
+_live_trackers = weakref.WeakSet()
+
+
+@atexit.register
+def _trackers_at_exit():
+    for tracker in list(_live_trackers):
+        tracker._at_exit()
+
+
+def _pointer_of(buffer_or_ptr) -> int:
+    if isinstance(buffer_or_ptr, int):
+        return buffer_or_ptr
+    cai = getattr(buffer_or_ptr, "__cuda_array_interface__", None)
+    if cai is not None:
+        return cai["data"][0]
+    ptr = getattr(buffer_or_ptr, "ptr", None)
+    if isinstance(ptr, int):
+        return ptr
+    raise TypeError(
+        "buffer_or_ptr must be an int pointer, an object with __cuda_array_interface__ "
+        f"(CuPy, Numba, PyTorch) or a .ptr attribute (rmm DeviceBuffer); got "
+        f"{type(buffer_or_ptr).__name__}"
+    )
+
+
+cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
+    cdef unique_ptr[hazard_tracking_resource_adaptor] c_obj
+    cdef readonly str on_hazard
+    cdef readonly cbool upstream_stream_ordered
+    cdef readonly cbool capture_stacks
+    cdef readonly cbool nvtx
+    cdef readonly cbool report_at_exit
+    cdef cbool _strict
+    cdef uint64_t _checked_serial
+    cdef list _exit_leaks
+    cdef object __weakref__
+
+    def __cinit__(self, DeviceMemoryResource upstream_mr, *, upstream_stream_ordered=None,
+                  capture_stacks=False, on_hazard="warn", nvtx=True, report_at_exit=False):
+        # the arguments were checked by HazardTrackingResourceAdaptor.__new__
+        if upstream_stream_ordered is None:
+            upstream_stream_ordered = _infer_stream_ordered(upstream_mr)
+        self.on_hazard = on_hazard
+        self.upstream_stream_ordered = upstream_stream_ordered
+        self.capture_stacks = capture_stacks
+        self.nvtx = nvtx
+        self.report_at_exit = report_at_exit
+        self._strict = on_hazard == "raise"
+        self._exit_leaks = []
+        self.c_obj.reset(new hazard_tracking_resource_adaptor(
+            any_resource[device_accessible](upstream_mr.get_mr()),
+            self.upstream_stream_ordered,
+            self.nvtx,
+        ))
+        self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
+        if on_hazard == "warn":
+            deref(self.c_obj).set_hazard_hook(_warn_hazard, <void*>self)
+        if self.capture_stacks:
+            deref(self.c_obj).set_capture_stacks(True, _python_stack)
+        _live_trackers.add(self)
+
+    def __init__(self, upstream_mr, *, upstream_stream_ordered=None, capture_stacks=False,
+                 on_hazard="warn", nvtx=True, report_at_exit=False):
         pass
 
     def __repr__(self):
         return (
             f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
-            f"pool_size={self.pool_size()}, maximum_pool_size={self.maximum_pool_size!r})"
+            f"upstream_stream_ordered={bool(self.upstream_stream_ordered)}, "
+            f"on_hazard={self.on_hazard!r})"
         )
 
+    def __dealloc__(self):
+        if self.c_obj:
+            deref(self.c_obj).set_hazard_hook(NULL, NULL)
+            deref(self.c_obj).set_capture_stacks(False, NULL)
 
-include "_hazard_tracking.pxi"
-include "_vmm.pxi"
+    def _at_exit(self):
+        deref(self.c_obj).set_hazard_hook(NULL, NULL)
+        deref(self.c_obj).set_capture_stacks(False, NULL)
+        if self.report_at_exit:
+            self._exit_leaks = [leak_record(a) for a in self.outstanding()]
+            if self._exit_leaks or self.hazards:
+                sys.stderr.write(self.report())
+
+    def allocate(self, size_t nbytes, stream=DEFAULT_STREAM) -> int:
+        """Allocate ``nbytes`` on ``stream`` from the upstream and track the block.
+
+        With ``on_hazard="raise"``, a block that the upstream hands out before the fence of
+        its previous free completed (``reuse_before_fence``) goes back to the upstream and
+        :class:`HazardError` is raised.
+        """
+        cdef Stream s = _resource_stream(stream)
+        cdef stream_ref c_stream = s.view()
+        cdef hazard_record stopped
+        cdef hazard_record* out = &stopped if self._strict else NULL
+        cdef void* ptr
+        with nogil:
+            ptr = deref(self.c_obj).allocate_checked(
+                c_stream, nbytes, CUDA_ALLOCATION_ALIGNMENT, out)
+        if ptr == NULL and nbytes != 0 and self._strict:
+            raise HazardError([hazard_from_fields(hazard_fields(stopped))])
+        return <uintptr_t>ptr
+
+    def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM) -> None:
+        """Free ``ptr`` on ``stream``.
+
+        A double, foreign or wrong-size free never reaches the upstream. With
+        ``on_hazard="raise"``, it raises :class:`HazardError`, and so does a free while a
+        stream that used the block still has work queued over an upstream that is not
+        stream-ordered (``freed_in_flight``); the block then stays allocated.
+        """
+        cdef Stream s = _resource_stream(stream)
+        cdef stream_ref c_stream = s.view()
+        cdef hazard_record stopped
+        cdef hazard_record* out = &stopped if self._strict else NULL
+        cdef cbool halted
+        with nogil:
+            halted = deref(self.c_obj).deallocate_checked(
+                c_stream, <void*>ptr, nbytes, CUDA_ALLOCATION_ALIGNMENT, out)
+        if halted:
+            raise HazardError([hazard_from_fields(hazard_fields(stopped))])
+
+    def record_stream(self, buffer_or_ptr, stream) -> None:
+        """Declare that ``stream`` uses the allocation ``buffer_or_ptr``.
+
+        Its free is then ordered after the work queued on ``stream`` up to the free (the
+        freeing stream waits on the device, the host never blocks), as
+        ``torch.Tensor.record_stream`` promises. ``buffer_or_ptr``: the pointer an
+        allocation returned, an rmm ``DeviceBuffer``, or an array with
+        ``__cuda_array_interface__`` that starts at its allocation.
+        """
+        cdef uintptr_t ptr = _pointer_of(buffer_or_ptr)
+        cdef Stream s = as_stream(stream)
+        cdef stream_ref c_stream = s.view()
+        if not deref(self.c_obj).record_stream(<void*>ptr, c_stream):
+            raise ValueError(
+                f"buffer_or_ptr ({ptr:#x}) is not the start of a live allocation of this "
+                "tracker; record_stream takes the pointer an allocation returned"
+            )
+
+    @property
+    def nvtx_active(self) -> bool:
+        """Whether a tool (compute-sanitizer, Nsight Systems) took the NVTX memory
+        annotations; known after the first allocation."""
+        return deref(self.c_obj).nvtx_active()
+
+    def outstanding(self) -> list:
+        """The live allocations, oldest first, as :class:`AllocationRecord` objects."""
+        return [allocation_from_fields(allocation_fields(a))
+                for a in deref(self.c_obj).outstanding()]
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes allocated and not freed."""
+        return deref(self.c_obj).stats().allocated_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes allocated at once since construction or :meth:`reset`."""
+        return deref(self.c_obj).stats().peak_bytes
+
+    @property
+    def stream_bytes(self) -> dict:
+        """Bytes allocated and not freed, per allocation stream key (the handle; 0: legacy
+        default; a per-thread default stream: ``(thread << 3) | 2``)."""
+        return {int(k): int(v) for k, v in deref(self.c_obj).stream_bytes()}
+
+    @property
+    def hazards(self) -> list:
+        """Every hazard seen since construction or :meth:`reset`, as :class:`HazardRecord`
+        objects, oldest first (the deferred checks that can be settled now are settled
+        first)."""
+        deref(self.c_obj).poll()
+        return [hazard_from_fields(hazard_fields(h)) for h in deref(self.c_obj).hazards()] + (
+            list(self._exit_leaks))
+
+    @property
+    def stats(self) -> dict:
+        """Counters: ``allocations``, ``deallocations``, ``rejected_frees``, ``fences``,
+        ``stream_waits``, ``unchecked`` (checks that could not be made: stream capture, a
+        failed event record, query or stream wait, another thread's per-thread default
+        stream), ``hazards``, ``allocated_bytes``, ``peak_bytes``, ``pending_checks``."""
+        cdef dict out = deref(self.c_obj).stats()
+        out["pending_checks"] = deref(self.c_obj).pending_checks()
+        return out
+
+    def check(self) -> None:
+        """Raise :class:`HazardError` for the hazards seen since the last ``check()`` (or
+        :meth:`reset`) that were not raised already."""
+        hazards = self.hazards
+        found = [h for h in hazards if h.serial > self._checked_serial and not h.raised]
+        self._checked_serial = max([self._checked_serial] + [h.serial for h in hazards])
+        if found:
+            raise HazardError(found)
+
+    def reset(self) -> None:
+        """Forget the recorded hazards; the peak restarts from the bytes allocated now."""
+        deref(self.c_obj).reset()
+        self._checked_serial = 0
+        self._exit_leaks = []
+
+    def report(self, format="text") -> str:
+        """The hazards seen and the allocations still live (reported as ``leak``).
+
+        ``format``: ``"text"`` (one line per record, with stacks when captured) or
+        ``"json"``.
+        """
+        if format not in ("text", "json"):
+            raise ValueError(f"format must be 'text' or 'json', got {format!r}")
+        hazards = [h for h in self.hazards if h.kind != "leak"]
+        leaks = [leak_record(a) for a in self.outstanding()] or list(self._exit_leaks)
+        cdef hazard_tracker_stats s = deref(self.c_obj).stats()
+        summary = {
+            "upstream": type(self.get_upstream()).__name__,
+            "upstream_stream_ordered": bool(self.upstream_stream_ordered),
+            "allocated_bytes": s.allocated_bytes,
+            "peak_bytes": s.peak_bytes,
+            "outstanding": len(leaks),
+            "stream_bytes": {hex(k): v for k, v in self.stream_bytes.items()},
+        }
+        return format_report(summary, hazards, leaks, format)
+
+
+_ORDERED_TYPES = None
+_PASS_THROUGH_TYPES = None
+
+
+def _infer_stream_ordered(mr) -> bool:
+    """Whether ``mr`` orders reuse by stream or frees synchronously (see the tracker)."""
+    global _ORDERED_TYPES, _PASS_THROUGH_TYPES
+    import rmm.mr as m
+    if _ORDERED_TYPES is None:
+        _ORDERED_TYPES = tuple(
+            getattr(m, name) for name in (
+                "CudaMemoryResource", "ManagedMemoryResource", "CudaAsyncMemoryResource",
+                "CudaAsyncViewMemoryResource", "PoolMemoryResource", "ArenaMemoryResource",
+                "FixedSizeMemoryResource", "BinningMemoryResource",
+            ) if hasattr(m, name)
+        ) + (_StreamOrderedPoolMemoryResource, _SyncOnFreeResourceAdaptor)
+        _PASS_THROUGH_TYPES = tuple(
+            getattr(m, name) for name in (
+                "StatisticsResourceAdaptor", "LimitingResourceAdaptor",
+                "LoggingResourceAdaptor", "TrackingResourceAdaptor",
+                "FailureCallbackResourceAdaptor",
+            ) if hasattr(m, name)
+        ) + (_HazardTrackingResourceAdaptor,)
+    while isinstance(mr, _PASS_THROUGH_TYPES):
+        mr = mr.get_upstream()
+    return isinstance(mr, _ORDERED_TYPES)
+
+
+class HazardTrackingResourceAdaptor(_HazardTrackingResourceAdaptor):
+    """Track every live allocation and report the hazards of freeing while work may use it.
+
+    Parameters
+    ----------
+    upstream_mr : DeviceMemoryResource
+        Serves the allocations.
+    upstream_stream_ordered : bool, optional
+        Whether the upstream orders reuse by stream, or frees synchronously. ``None``
+        (default): inferred -- ``CudaAsyncMemoryResource``, ``PoolMemoryResource``,
+        ``ArenaMemoryResource``, ``BinningMemoryResource``, ``FixedSizeMemoryResource``,
+        :class:`rmm_fences.StreamOrderedPoolMemoryResource` and
+        :class:`rmm_fences.SyncOnFreeResourceAdaptor` are stream-ordered,
+        ``CudaMemoryResource`` and ``ManagedMemoryResource`` free synchronously; statistics,
+        limiting, logging and tracking adaptors take their upstream's answer; anything else
+        (``rmm_fences.unsafe``, callback resources) is treated as not stream-ordered.
+    capture_stacks : bool
+        Record where each allocation and hazard came from: Python frames when the call came
+        through Python, native frames otherwise. Off by default (it costs microseconds).
+    on_hazard : {"warn", "raise", "record"}
+        ``"warn"`` (default): a :class:`HazardWarning` when a hazard is seen, and a record.
+        ``"raise"``: calls made from Python through :meth:`allocate` and :meth:`deallocate`
+        raise :class:`HazardError` before anything reaches the upstream; hazards seen in
+        calls from C++ (``DeviceBuffer``, CuPy, cuda.compute) are recorded and raised by the
+        next :meth:`check`. ``"record"``: only record.
+    nvtx : bool
+        Register each allocation as an NVTX memory region of its device allocation (a pool
+        chunk), so that ``compute-sanitizer --tool memcheck`` flags accesses outside the
+        sub-allocation. Free without a tool attached. Default ``True``.
+    report_at_exit : bool
+        At interpreter exit, record the allocations still live as ``leak`` hazards and print
+        :meth:`report` to stderr if there is any hazard. Default ``False``.
+
+    Notes
+    -----
+    Hazards (the names of docs/design.md#hazards):
+
+    - ``double_free``, ``foreign_free``, ``size_mismatch``: never reach the upstream.
+    - ``freed_in_flight``: over an upstream that is not stream-ordered, a stream that used the
+      block (the freeing stream, the allocation stream, declared streams) still had work
+      queued at the free (an event recorded at the free is queried).
+    - ``reuse_before_fence``: over such an upstream, a block handed out on a stream while the
+      fence of its previous free on another stream had not completed.
+    - ``cross_stream_free``: freed on a stream other than its allocation stream without being
+      ordered after the work queued there: the fence recorded at the free completed while
+      that work still ran. Declaring the use with :meth:`record_stream` orders the free. A
+      free that cannot be ordered after another thread's per-thread default stream (its
+      allocation stream or a declared one) is reported at once, and counted as unchecked.
+    - ``allocated_while_live``: the upstream handed out an address that is still live; both
+      allocations are tracked (each free takes the one of its size).
+    - ``leak``: live at :meth:`report` or, with ``report_at_exit``, at exit.
+
+    The tracker sees streams only through allocations, frees and :meth:`record_stream`: a
+    block used on a stream it was never told about is invisible to it. Over a stream-ordered
+    upstream a free on the allocation stream makes no CUDA call. A check that cannot be made
+    is counted in ``stats["unchecked"]``, never passed nor reported falsely: while the stream
+    involved is being captured, when an event record, query or stream wait fails, for
+    another thread's per-thread default stream. Streams are identified by their handle, the
+    per-thread default stream by handle and thread.
+
+    Examples
+    --------
+    >>> import rmm
+    >>> from rmm_fences import HazardTrackingResourceAdaptor
+    >>> mr = HazardTrackingResourceAdaptor(rmm.mr.CudaAsyncMemoryResource())
+    >>> rmm.mr.set_current_device_resource(mr)
+    >>> print(mr.report())  # doctest: +SKIP
+    """
+
+    def __new__(cls, upstream_mr, *, upstream_stream_ordered=None, capture_stacks=False,
+                on_hazard="warn", nvtx=True, report_at_exit=False):
+        _check_upstream(upstream_mr)
+        if on_hazard not in ("warn", "raise", "record"):
+            raise ValueError(
+                f"on_hazard must be one of 'warn', 'raise', 'record'; got {on_hazard!r}")
+        for name, value in (("capture_stacks", capture_stacks), ("nvtx", nvtx),
+                            ("report_at_exit", report_at_exit)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        if upstream_stream_ordered is not None and not isinstance(upstream_stream_ordered, bool):
+            raise TypeError(
+                "upstream_stream_ordered must be None (infer) or a bool, got "
+                f"{type(upstream_stream_ordered).__name__}")
+        return super().__new__(
+            cls, upstream_mr, upstream_stream_ordered=upstream_stream_ordered,
+            capture_stacks=capture_stacks, on_hazard=on_hazard, nvtx=nvtx,
+            report_at_exit=report_at_exit)
+
+
+cdef class UnmappingVmmMemoryResource(DeviceMemoryResource):
+    """UNSAFE ON PURPOSE: CUDA virtual memory whose free unmaps the physical memory at once.
+
+    Reserves one virtual address range at construction (``cuMemAddressReserve``); each
+    allocation takes a piece of it, in multiples of the device's allocation granularity, and
+    maps fresh physical memory there (``cuMemCreate``, ``cuMemMap``, ``cuMemSetAccess``). A
+    free unmaps and releases that memory at once and keeps the range, so a kernel still
+    reading the block faults: illegal address (error 700), and the CUDA context is lost.
+    Wrap it in ``SyncOnFreeResourceAdaptor(mr, mode="deferred")`` to make it safe.
+
+    Parameters
+    ----------
+    reserve_size : int or str
+        Virtual address range reserved once (``"64GiB"`` accepted; default 64 GiB). Costs no
+        physical memory.
+    device : int, optional
+        The device whose memory backs the allocations (default: the current device).
+
+    Raises
+    ------
+    MemoryError
+        From ``allocate`` when the range or the device's memory is exhausted.
+    """
+    cdef unique_ptr[unmapping_vmm_memory_resource] c_obj
+    cdef readonly int device
+
+    def __cinit__(self, reserve_size="64GiB", device=None):
+        cdef size_t nbytes = parse_bytes(reserve_size, "reserve_size")
+        if nbytes == 0:
+            raise ValueError("reserve_size must be positive, got 0")
+        if device is None:
+            from rmm_fences._cuda import current_device
+
+            device = current_device()
+        elif not isinstance(device, int) or isinstance(device, bool) or device < 0:
+            raise ValueError(f"device must be None or a device ordinal >= 0, got {device!r}")
+        self.device = device
+        with nogil:
+            self.c_obj.reset(new unmapping_vmm_memory_resource(
+                nbytes, cuda_device_id(self.device)))
+        self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
+
+    def __init__(self, reserve_size="64GiB", device=None):
+        pass
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(reserve_size={self.reserve_size}, "
+                f"device={self.device})")
+
+    @property
+    def granularity(self) -> int:
+        """The device's allocation granularity: every block is a multiple of it."""
+        return deref(self.c_obj).granularity()
+
+    @property
+    def reserve_size(self) -> int:
+        """Bytes of virtual address range reserved at construction."""
+        return deref(self.c_obj).reserve_size()
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of physical memory mapped now (live blocks, rounded to the granularity)."""
+        return deref(self.c_obj).mapped_bytes()

@@ -18,20 +18,16 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 
-from rmm_fences._lib._pool cimport pool_stats_dict, stream_ordered_pool_stats
-from rmm_fences._lib._tracking cimport (
+from rmm_fences._lib._cores cimport (
     allocation_fields,
     allocation_record,
+    free_problem,
+    free_result,
     hazard_fields,
     hazard_record,
     hazard_tracker_stats,
-    tracker_stats_dict,
-)
-from rmm_fences._lib._sync_on_free cimport (
-    free_problem,
-    free_result,
     mode_from_name,
-    stats_dict,
+    stream_ordered_pool_stats,
     sync_mode,
     sync_on_free_stats,
 )
@@ -297,7 +293,7 @@ cdef class HostSyncOnFree:
 
     @property
     def stats(self) -> dict:
-        return stats_dict(deref(self.c_obj).core().stats())
+        return deref(self.c_obj).core().stats()
 
 
 cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testing":
@@ -567,7 +563,7 @@ cdef class HostStreamOrderedPool:
 
     @property
     def stats(self) -> dict:
-        return pool_stats_dict(deref(self.c_obj).core().stats())
+        return deref(self.c_obj).core().stats()
 
 
 # The hazard tracker on a simulated device.
@@ -824,4 +820,4 @@ cdef class SimHazardTracker:
 
     @property
     def stats(self) -> dict:
-        return tracker_stats_dict(deref(self.c_obj).core().stats())
+        return deref(self.c_obj).core().stats()

@@ -7,6 +7,9 @@
 
 #include <cuda/memory_resource>
 
+#include <cstddef>
+#include <cstdint>
+
 namespace rmm_fences::mr {
 
 /**
@@ -31,6 +34,15 @@ class naive_caching_memory_resource
                   std::move(upstream))
   {
   }
+
+  /// Returns every cached block to the upstream.
+  void release() noexcept { get().release(); }
+  /// Bytes held in the cache.
+  [[nodiscard]] std::size_t cached_bytes() const { return get().cached_bytes(); }
+  /// Allocations served from the cache.
+  [[nodiscard]] std::uint64_t hits() const { return get().hits(); }
+  /// Allocations that went upstream.
+  [[nodiscard]] std::uint64_t misses() const { return get().misses(); }
 };
 
 static_assert(cuda::mr::resource_with<naive_caching_memory_resource, cuda::mr::device_accessible>,

@@ -5,7 +5,10 @@
 
 #include <rmm_fences/detail/stream_ordered_pool_memory_resource_impl.hpp>
 
+#include <rmm/aligned.hpp>
+
 #include <cuda/memory_resource>
+#include <cuda/stream>
 
 #include <cstddef>
 #include <optional>
@@ -46,6 +49,35 @@ class stream_ordered_pool_memory_resource
                   maximum_pool_size)
   {
   }
+
+  /// The same-stream path alone (never blocks): a block freed earlier on `stream`, or nullptr.
+  [[nodiscard]] void* try_allocate_cached(cuda::stream_ref stream,
+                                          std::size_t bytes,
+                                          std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
+  {
+    return get().try_allocate_cached(stream, bytes, alignment);
+  }
+
+  /// `deallocate` that tells what it found: 0 freed, 1 not a live block (double free or foreign
+  /// pointer), 2 size mismatch (`allocated_bytes` set), 3 a stream of another device.
+  [[nodiscard]] int deallocate_checked(cuda::stream_ref stream,
+                                       void* ptr,
+                                       std::size_t bytes,
+                                       std::size_t* allocated_bytes) noexcept
+  {
+    return get().deallocate_checked(stream, ptr, bytes, allocated_bytes);
+  }
+
+  /// Fences `stream` and shares its cached blocks; call before destroying the stream.
+  void retire_stream(cuda::stream_ref stream) { get().retire_stream(stream); }
+  /// Synchronizes the device and returns whole free chunks upstream; returns their bytes.
+  std::size_t release() { return get().release(); }
+  [[nodiscard]] std::size_t pool_size() const noexcept { return get().pool_size(); }
+  [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
+  {
+    return get().maximum_pool_size();
+  }
+  [[nodiscard]] stream_ordered_pool_stats stats() { return get().stats(); }
 };
 
 static_assert(

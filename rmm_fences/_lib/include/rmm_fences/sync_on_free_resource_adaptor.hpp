@@ -5,7 +5,10 @@
 
 #include <rmm_fences/detail/sync_on_free_resource_adaptor_impl.hpp>
 
+#include <rmm/aligned.hpp>
+
 #include <cuda/memory_resource>
+#include <cuda/stream>
 
 #include <cstddef>
 #include <optional>
@@ -51,6 +54,30 @@ class sync_on_free_resource_adaptor
                   max_pending_bytes)
   {
   }
+
+  /// `deallocate` that returns what the check of the free found instead of printing it: on a
+  /// double free, a foreign pointer or a size mismatch nothing is done.
+  free_result deallocate_checked(cuda::stream_ref stream,
+                                 void* ptr,
+                                 std::size_t bytes,
+                                 std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
+  {
+    return get().deallocate_checked(stream, ptr, bytes, alignment);
+  }
+
+  /// Blocks until every pending block went upstream (see the implementation for the exceptions).
+  void flush() { get().flush(); }
+
+  [[nodiscard]] sync_mode mode() const noexcept { return get().mode(); }
+  [[nodiscard]] std::optional<std::size_t> max_pending_bytes() const noexcept
+  {
+    return get().max_pending_bytes();
+  }
+  /// Bytes freed by the caller that did not reach the upstream yet.
+  [[nodiscard]] std::size_t pending_bytes() const { return get().pending_bytes(); }
+  /// Freed blocks that did not reach the upstream yet.
+  [[nodiscard]] std::size_t pending_count() const { return get().pending_count(); }
+  [[nodiscard]] sync_on_free_stats stats() const { return get().stats(); }
 };
 
 static_assert(cuda::mr::resource_with<sync_on_free_resource_adaptor, cuda::mr::device_accessible>,

@@ -40,6 +40,13 @@ class unmapping_vmm_memory_resource
                   device)
   {
   }
+
+  /// The device's allocation granularity: every block is a multiple of it.
+  [[nodiscard]] std::size_t granularity() const noexcept { return get().granularity(); }
+  /// Bytes of virtual address range reserved at construction.
+  [[nodiscard]] std::size_t reserve_size() const noexcept { return get().reserve_size(); }
+  /// Bytes of physical memory mapped now.
+  [[nodiscard]] std::size_t mapped_bytes() const { return get().mapped_bytes(); }
 };
 
 static_assert(
