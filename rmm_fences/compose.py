@@ -13,7 +13,9 @@ needs no GPU; ``compose`` builds the resources (on the current device).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
+from typing import Callable
 
 from rmm_fences._sizes import parse_bytes
 
@@ -43,37 +45,114 @@ class Spec:
         return f"{self.name}({', '.join(parts)})" if parts else self.name
 
 
+#: The ``stream_ordered`` of an adaptor that passes each call to its upstream: the upstream's
+#: answer.
+INHERITS = "inherits from upstream"
+
+
 @dataclasses.dataclass(frozen=True)
 class _Kind:
+    """One resource a spec can name, and everything rmm_fences knows about it."""
+
+    name: str
+    cls: str
+    """Dotted path of its class, imported when first needed (``parse_spec`` needs no rmm)."""
     adaptor: bool
-    params: dict  # name -> "size" | "int" | "bool" | tuple of choices
+    """Takes an upstream resource (the ``inner`` of its spec)."""
+    params: dict
+    """Keyword arguments: name -> ``"size"`` | ``"int"`` | ``"bool"`` | tuple of choices."""
+    stream_ordered: bool | str
+    """Whether a block it frees is safe to hand out again while work queued before the free
+    may still use it: ``True`` (reuse ordered by stream, or a free that synchronizes),
+    ``False``, or :data:`INHERITS`. ``HazardTrackingResourceAdaptor`` infers its
+    ``upstream_stream_ordered`` from this."""
+    doc: str
     required: tuple = ()
-    doc: str = ""
+    factory: Callable | None = None
+    """``factory(cls, upstream, kwargs)`` builds it; default ``cls(upstream, **kwargs)`` for an
+    adaptor, ``cls(**kwargs)`` otherwise."""
+
+    def build(self, upstream, kwargs: dict):
+        cls = _resolve(self.cls)
+        if self.factory is not None:
+            return self.factory(cls, upstream, kwargs)
+        return cls(upstream, **kwargs) if self.adaptor else cls(**kwargs)
 
 
-RESOURCES = {
-    "cuda": _Kind(False, {}, doc="rmm CudaMemoryResource (cudaMalloc/cudaFree)"),
-    "cuda_async": _Kind(False, {"initial_pool_size": "size", "release_threshold": "size"},
-                        doc="rmm CudaAsyncMemoryResource (cudaMallocAsync)"),
-    "managed": _Kind(False, {}, doc="rmm ManagedMemoryResource"),
-    "rmm_pool": _Kind(True, {"initial_pool_size": "size", "maximum_pool_size": "size"},
-                      doc="rmm PoolMemoryResource"),
-    "arena": _Kind(True, {"arena_size": "size"}, doc="rmm ArenaMemoryResource"),
-    "limiting": _Kind(True, {"allocation_limit": "size"}, ("allocation_limit",),
-                      doc="rmm LimitingResourceAdaptor"),
-    "statistics": _Kind(True, {}, doc="rmm StatisticsResourceAdaptor"),
-    "pool": _Kind(True, {"initial_pool_size": "size", "maximum_pool_size": "size"},
-                  doc="rmm_fences StreamOrderedPoolMemoryResource"),
-    "sync_on_free": _Kind(True, {"mode": ("deferred", "stream", "device"),
-                                 "max_pending_bytes": "size"},
-                          doc="rmm_fences SyncOnFreeResourceAdaptor"),
-    "tracking": _Kind(True, {"on_hazard": ("warn", "raise", "record"), "capture_stacks": "bool",
-                             "upstream_stream_ordered": "bool", "nvtx": "bool"},
-                      doc="rmm_fences HazardTrackingResourceAdaptor"),
-    "naive_cache": _Kind(True, {}, doc="rmm_fences.unsafe NaiveCachingMemoryResource"),
-    "vmm_unmap": _Kind(False, {"reserve_size": "size", "device": "int"},
-                       doc="rmm_fences.unsafe UnmappingVmmMemoryResource"),
+_SIZES = {"initial_pool_size": "size", "maximum_pool_size": "size"}
+
+#: The resources of specs, by name.
+RESOURCES = {kind.name: kind for kind in (
+    _Kind("cuda", "rmm.mr.CudaMemoryResource", False, {}, True,
+          doc="rmm CudaMemoryResource (cudaMalloc/cudaFree)"),
+    _Kind("cuda_async", "rmm.mr.CudaAsyncMemoryResource", False,
+          {"initial_pool_size": "size", "release_threshold": "size"}, True,
+          doc="rmm CudaAsyncMemoryResource (cudaMallocAsync)"),
+    _Kind("managed", "rmm.mr.ManagedMemoryResource", False, {}, True,
+          doc="rmm ManagedMemoryResource"),
+    _Kind("rmm_pool", "rmm.mr.PoolMemoryResource", True, _SIZES, True,
+          doc="rmm PoolMemoryResource"),
+    _Kind("arena", "rmm.mr.ArenaMemoryResource", True, {"arena_size": "size"}, True,
+          doc="rmm ArenaMemoryResource"),
+    _Kind("limiting", "rmm.mr.LimitingResourceAdaptor", True, {"allocation_limit": "size"},
+          INHERITS, required=("allocation_limit",),
+          factory=lambda cls, upstream, kw: cls(upstream, kw["allocation_limit"]),
+          doc="rmm LimitingResourceAdaptor"),
+    _Kind("statistics", "rmm.mr.StatisticsResourceAdaptor", True, {}, INHERITS,
+          doc="rmm StatisticsResourceAdaptor"),
+    _Kind("pool", "rmm_fences.StreamOrderedPoolMemoryResource", True, _SIZES, True,
+          doc="rmm_fences StreamOrderedPoolMemoryResource"),
+    _Kind("sync_on_free", "rmm_fences.SyncOnFreeResourceAdaptor", True,
+          {"mode": ("deferred", "stream", "device"), "max_pending_bytes": "size"}, True,
+          doc="rmm_fences SyncOnFreeResourceAdaptor"),
+    _Kind("tracking", "rmm_fences.HazardTrackingResourceAdaptor", True,
+          {"on_hazard": ("warn", "raise", "record"), "capture_stacks": "bool",
+           "upstream_stream_ordered": "bool", "nvtx": "bool"}, INHERITS,
+          doc="rmm_fences HazardTrackingResourceAdaptor"),
+    _Kind("naive_cache", "rmm_fences.unsafe.NaiveCachingMemoryResource", True, {}, False,
+          doc="rmm_fences.unsafe NaiveCachingMemoryResource"),
+    _Kind("vmm_unmap", "rmm_fences.unsafe.UnmappingVmmMemoryResource", False,
+          {"reserve_size": "size", "device": "int"}, False,
+          doc="rmm_fences.unsafe UnmappingVmmMemoryResource"),
+)}
+
+#: rmm resources that specs do not name, with their ``stream_ordered`` (see :class:`_Kind`).
+#: Any other resource (callback resources, ...) counts as not stream-ordered.
+_OTHER_STREAM_ORDERED = {
+    "rmm.mr.CudaAsyncViewMemoryResource": True,
+    "rmm.mr.FixedSizeMemoryResource": True,
+    "rmm.mr.BinningMemoryResource": True,
+    "rmm.mr.LoggingResourceAdaptor": INHERITS,
+    "rmm.mr.TrackingResourceAdaptor": INHERITS,
+    "rmm.mr.FailureCallbackResourceAdaptor": INHERITS,
 }
+
+
+def _resolve(path: str):
+    """The object at dotted ``path`` (``module.attr``); None when the module lacks it."""
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr, None)
+
+
+_STREAM_ORDER_BY_TYPE = None
+
+
+def _stream_ordered(mr) -> bool:
+    """Whether ``mr`` orders reuse by stream or frees synchronously, by :data:`RESOURCES` and
+    :data:`_OTHER_STREAM_ORDERED`, following adaptors that inherit their upstream's answer."""
+    global _STREAM_ORDER_BY_TYPE
+    if _STREAM_ORDER_BY_TYPE is None:
+        answers = {kind.cls: kind.stream_ordered for kind in RESOURCES.values()}
+        answers.update(_OTHER_STREAM_ORDERED)
+        _STREAM_ORDER_BY_TYPE = tuple(
+            (cls, answer) for cls, answer in ((_resolve(p), a) for p, a in answers.items())
+            if cls is not None)
+    while True:
+        answer = next((a for cls, a in _STREAM_ORDER_BY_TYPE if isinstance(mr, cls)), False)
+        if answer != INHERITS:
+            return answer
+        mr = mr.get_upstream()
+
 
 _TOKEN = re.compile(r"\s*(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<value>[0-9][0-9.]*\s*[A-Za-z]*)"
                     r"|(?P<str>'[^']*'|\"[^\"]*\")|(?P<punct>[(),=]))")
@@ -209,39 +288,8 @@ def parse_spec(spec: str) -> Spec:
 
 
 def _build(node: Spec):
-    import rmm
-
-    kw = dict(node.kwargs)
     inner = _build(node.inner) if node.inner else None
-    name = node.name
-    if name == "cuda":
-        return rmm.mr.CudaMemoryResource()
-    if name == "cuda_async":
-        return rmm.mr.CudaAsyncMemoryResource(**kw)
-    if name == "managed":
-        return rmm.mr.ManagedMemoryResource()
-    if name == "rmm_pool":
-        return rmm.mr.PoolMemoryResource(inner, **kw)
-    if name == "arena":
-        return rmm.mr.ArenaMemoryResource(inner, **kw)
-    if name == "limiting":
-        return rmm.mr.LimitingResourceAdaptor(inner, kw["allocation_limit"])
-    if name == "statistics":
-        return rmm.mr.StatisticsResourceAdaptor(inner)
-    import rmm_fences
-    import rmm_fences.unsafe
-
-    if name == "pool":
-        return rmm_fences.StreamOrderedPoolMemoryResource(inner, **kw)
-    if name == "sync_on_free":
-        return rmm_fences.SyncOnFreeResourceAdaptor(inner, **kw)
-    if name == "tracking":
-        return rmm_fences.HazardTrackingResourceAdaptor(inner, **kw)
-    if name == "naive_cache":
-        return rmm_fences.unsafe.NaiveCachingMemoryResource(inner)
-    if name == "vmm_unmap":
-        return rmm_fences.unsafe.UnmappingVmmMemoryResource(**kw)
-    raise AssertionError(name)  # parse_spec admits only known names
+    return RESOURCES[node.name].build(inner, dict(node.kwargs))
 
 
 def compose(spec) -> object:

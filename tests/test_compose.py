@@ -77,3 +77,15 @@ def test_every_name_is_documented():
                               "statistics", "pool", "sync_on_free", "tracking", "naive_cache",
                               "vmm_unmap"}
     assert all(kind.doc for kind in RESOURCES.values())
+
+
+def test_every_resource_has_a_class_and_a_stream_order():
+    import rmm
+
+    from rmm_fences.compose import _OTHER_STREAM_ORDERED, INHERITS, _resolve
+
+    for kind in RESOURCES.values():
+        assert issubclass(_resolve(kind.cls), rmm.mr.DeviceMemoryResource), kind.name
+        assert kind.stream_ordered in (True, False, INHERITS), kind.name
+        assert kind.adaptor or kind.stream_ordered != INHERITS, kind.name
+    assert set(_OTHER_STREAM_ORDERED.values()) <= {True, False, INHERITS}

@@ -29,6 +29,7 @@ def cuda():
         (lambda: StreamOrderedPoolMemoryResource(cuda()), True),
         (lambda: rmm.mr.StatisticsResourceAdaptor(NaiveCachingMemoryResource(cuda())), False),
         (lambda: rmm.mr.LimitingResourceAdaptor(cuda(), 1 << 30), True),
+        (lambda: HazardTrackingResourceAdaptor(NaiveCachingMemoryResource(cuda())), False),
         (lambda: rmm.mr.CallbackMemoryResource(lambda n, s: 0, lambda p, n, s: None), False),
     ],
 )

@@ -702,32 +702,11 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         return format_report(summary, hazards, leaks, format)
 
 
-_ORDERED_TYPES = None
-_PASS_THROUGH_TYPES = None
-
-
 def _infer_stream_ordered(mr) -> bool:
-    """Whether ``mr`` orders reuse by stream or frees synchronously (see the tracker)."""
-    global _ORDERED_TYPES, _PASS_THROUGH_TYPES
-    import rmm.mr as m
-    if _ORDERED_TYPES is None:
-        _ORDERED_TYPES = tuple(
-            getattr(m, name) for name in (
-                "CudaMemoryResource", "ManagedMemoryResource", "CudaAsyncMemoryResource",
-                "CudaAsyncViewMemoryResource", "PoolMemoryResource", "ArenaMemoryResource",
-                "FixedSizeMemoryResource", "BinningMemoryResource",
-            ) if hasattr(m, name)
-        ) + (_StreamOrderedPoolMemoryResource, _SyncOnFreeResourceAdaptor)
-        _PASS_THROUGH_TYPES = tuple(
-            getattr(m, name) for name in (
-                "StatisticsResourceAdaptor", "LimitingResourceAdaptor",
-                "LoggingResourceAdaptor", "TrackingResourceAdaptor",
-                "FailureCallbackResourceAdaptor",
-            ) if hasattr(m, name)
-        ) + (_HazardTrackingResourceAdaptor,)
-    while isinstance(mr, _PASS_THROUGH_TYPES):
-        mr = mr.get_upstream()
-    return isinstance(mr, _ORDERED_TYPES)
+    """Whether ``mr`` orders reuse by stream or frees synchronously (see the tracker): the
+    ``stream_ordered`` of its resource in ``rmm_fences.compose.RESOURCES``."""
+    from rmm_fences.compose import _stream_ordered
+    return _stream_ordered(mr)
 
 
 class HazardTrackingResourceAdaptor(_HazardTrackingResourceAdaptor):
@@ -739,7 +718,8 @@ class HazardTrackingResourceAdaptor(_HazardTrackingResourceAdaptor):
         Serves the allocations.
     upstream_stream_ordered : bool, optional
         Whether the upstream orders reuse by stream, or frees synchronously. ``None``
-        (default): inferred -- ``CudaAsyncMemoryResource``, ``PoolMemoryResource``,
+        (default): inferred from the resource's ``stream_ordered`` in
+        ``rmm_fences.compose.RESOURCES`` -- ``CudaAsyncMemoryResource``, ``PoolMemoryResource``,
         ``ArenaMemoryResource``, ``BinningMemoryResource``, ``FixedSizeMemoryResource``,
         :class:`rmm_fences.StreamOrderedPoolMemoryResource` and
         :class:`rmm_fences.SyncOnFreeResourceAdaptor` are stream-ordered,
