@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Hazard records, errors and reports of :class:`rmm_fences.HazardTrackingResourceAdaptor`.
 
-Pure Python: importable without a GPU.
+Pure Python, importable without a GPU; only :data:`HAZARD_KINDS` (the names of the C++
+``hazard_kind``) comes from the extension, on first use.
 """
 
 from __future__ import annotations
@@ -9,16 +10,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-HAZARD_KINDS = (
-    "freed_in_flight",
-    "reuse_before_fence",
-    "cross_stream_free",
-    "double_free",
-    "foreign_free",
-    "size_mismatch",
-    "leak",
-    "allocated_while_live",
-)
+
+def __getattr__(name):
+    # HAZARD_KINDS: the names of the C++ enum hazard_kind, in its order, as the extension
+    # exports them (one definition); read lazily because the extension imports this module.
+    if name == "HAZARD_KINDS":
+        from rmm_fences._lib.memory_resource import HAZARD_KINDS
+
+        return HAZARD_KINDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

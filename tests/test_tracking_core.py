@@ -517,6 +517,25 @@ def test_every_kind_has_a_message():
         describe("nope", 0, 0, 0, 0, ())
 
 
+def _doc_table_kinds(doc, header):
+    """The backticked names in the first column of the table under ``header`` in docs/."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / doc).read_text()
+    table = text[text.index(header):].split("\n\n")[0]
+    return [m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", table, re.M)]
+
+
+def test_the_docs_tables_name_every_kind():
+    assert HAZARD_KINDS == ("freed_in_flight", "reuse_before_fence", "cross_stream_free",
+                            "double_free", "foreign_free", "size_mismatch", "leak",
+                            "allocated_while_live")
+    assert sorted(_doc_table_kinds("hazard_tracking.md", "| kind | when |")) == sorted(
+        HAZARD_KINDS)
+    assert tuple(_doc_table_kinds("design.md", "| name | meaning |")) == HAZARD_KINDS
+
+
 def test_many_live_blocks_grow_the_table_and_erase_in_any_order():
     import random
 

@@ -67,15 +67,11 @@ cdef extern from "rmm_fences/detail/hazard_tracker_core.hpp" \
     cdef cppclass stack_trace:
         string to_string() except +
 
+    # the kinds are named by hazard_kind_name (see hazard_kind_names), not listed here
     cdef enum class hazard_kind(int):
-        freed_in_flight
-        reuse_before_fence
-        cross_stream_free
-        double_free
-        foreign_free
-        size_mismatch
-        leak
-        allocated_while_live
+        pass
+
+    const char* hazard_kind_name(hazard_kind kind) noexcept
 
     cdef cppclass hazard_record:
         hazard_kind kind
@@ -142,12 +138,20 @@ cdef inline str _stack_text(shared_ptr[const stack_trace] stack):
     return stack.get().to_string().decode("utf-8", "replace")
 
 
+cdef inline tuple hazard_kind_names():
+    """The names of the C++ ``hazard_kind`` values, in order (``_hazards.HAZARD_KINDS``)."""
+    names = []
+    cdef const char* name = hazard_kind_name(<hazard_kind>0)
+    while name != NULL:
+        names.append(name.decode("ascii"))
+        name = hazard_kind_name(<hazard_kind>len(names))
+    return tuple(names)
+
+
 cdef inline tuple hazard_fields(const hazard_record& h):
     """(kind, ptr, size, tracked_size, stream, streams, stack, allocation_stack, serial, raised)."""
-    kinds = ("freed_in_flight", "reuse_before_fence", "cross_stream_free", "double_free",
-             "foreign_free", "size_mismatch", "leak", "allocated_while_live")
     return (
-        kinds[<int>h.kind], h.ptr, h.size, h.tracked_size, h.stream, tuple(h.streams),
+        hazard_kind_name(h.kind).decode("ascii"), h.ptr, h.size, h.tracked_size, h.stream, tuple(h.streams),
         _stack_text(h.stack), _stack_text(h.allocation_stack), h.serial, h.raised,
     )
 

@@ -7,6 +7,8 @@ from rmm_fences._hazards import AllocationRecord, HazardRecord
 
 SyncMode = Literal["device", "stream", "deferred"]
 
+HAZARD_KINDS: tuple[str, ...]
+
 class SyncOnFreeStats(TypedDict):
     syncs: int
     deferred: int

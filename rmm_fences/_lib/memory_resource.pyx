@@ -46,10 +46,14 @@ from rmm_fences._lib._cores cimport (
     allocation_fields,
     free_problem,
     hazard_fields,
+    hazard_kind_names,
     hazard_record,
     hazard_tracker_stats,
     mode_from_name,
 )
+
+#: The hazard kinds, in the order of the C++ ``hazard_kind`` (re-exported by ``_hazards``).
+HAZARD_KINDS = hazard_kind_names()
 
 
 cdef Stream as_stream(object stream):

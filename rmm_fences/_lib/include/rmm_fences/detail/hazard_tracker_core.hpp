@@ -56,7 +56,8 @@
 
 namespace rmm_fences::detail {
 
-/// The hazards, in the order of `rmm_fences._hazards.HAZARD_KINDS`.
+/// The hazards, numbered from 0 without gaps. `hazard_kind_name` spells each one; Python's
+/// `rmm_fences._hazards.HAZARD_KINDS` is those names, by value.
 enum class hazard_kind : int {
   freed_in_flight      = 0,
   reuse_before_fence   = 1,
@@ -67,6 +68,27 @@ enum class hazard_kind : int {
   leak                 = 6,
   allocated_while_live = 7,  ///< the upstream handed out an address that is still live
 };
+
+/**
+ * @brief The name of a hazard kind (its enumerator's name), or nullptr past the last kind.
+ *
+ * No `default:`: a kind left out here fails the build (-Werror=switch), and the bindings list
+ * the kinds by calling this from 0 up to the first nullptr.
+ */
+constexpr char const* hazard_kind_name(hazard_kind kind) noexcept
+{
+  switch (kind) {
+    case hazard_kind::freed_in_flight: return "freed_in_flight";
+    case hazard_kind::reuse_before_fence: return "reuse_before_fence";
+    case hazard_kind::cross_stream_free: return "cross_stream_free";
+    case hazard_kind::double_free: return "double_free";
+    case hazard_kind::foreign_free: return "foreign_free";
+    case hazard_kind::size_mismatch: return "size_mismatch";
+    case hazard_kind::leak: return "leak";
+    case hazard_kind::allocated_while_live: return "allocated_while_live";
+  }
+  return nullptr;
+}
 
 /**
  * @brief Stream keys of per-thread default streams.
