@@ -28,6 +28,9 @@ MODES = ("device", "stream", "deferred")
 # the scenarios of rmm_fences._scenarios.race (not imported here: that module needs CuPy)
 SCENARIOS = ("same_stream_reuse", "cross_stream_reuse", "free_in_flight")
 VMM = "vmm_unmap(reserve_size=16GiB)"
+# The safety matrix: the unsafe allocators bare and under each sync mode, beside the safe
+# peers. asv_bench/benchmarks/_common.py CHAINS (performance peers, pools pre-sized, named
+# for asv) is a different set on purpose; neither is derived from the other.
 CHAINS = (
     "cuda",
     "cuda_async",
