@@ -9,12 +9,12 @@
 import rmm  # noqa: F401  (loads librmm.so, which the extension links)
 
 from rmm_fences._hazards import AllocationRecord, HazardError, HazardRecord, HazardWarning
-from rmm_fences.compose import compose, install, parse_spec
 from rmm_fences._lib.memory_resource import (
     HazardTrackingResourceAdaptor,
     StreamOrderedPoolMemoryResource,
     SyncOnFreeResourceAdaptor,
 )
+from rmm_fences.compose import compose, install, parse_spec
 
 __all__ = [
     "AllocationRecord",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from rmm_fences._sizes import parse_bytes
 

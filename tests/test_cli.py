@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from rmm_fences._cuda import device_count
 from rmm_fences._cli.doctor import CHAINS, SCENARIOS, Cell, table, to_json
+from rmm_fences._cuda import device_count
 
 COMMANDS = ("doctor", "reduce", "bench")
 

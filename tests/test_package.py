@@ -14,7 +14,6 @@ from rmm_fences import (
     StreamOrderedPoolMemoryResource,
     SyncOnFreeResourceAdaptor,
 )
-from rmm_fences._cuda import device_count
 from rmm_fences._sizes import parse_bytes
 from rmm_fences.bench import alloc_free_ns
 from rmm_fences.unsafe import NaiveCachingMemoryResource

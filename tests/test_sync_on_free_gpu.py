@@ -135,7 +135,7 @@ def test_many_threads_and_streams_over_rmm_pool(cupy, scenarios):
         rng = np.random.default_rng(1000 + tid)
         live = []
         try:
-            for i in range(10_000):
+            for _i in range(10_000):
                 if live and (len(live) > 16 or rng.random() < 0.5):
                     ptr, nbytes, s, seed = live.pop(int(rng.integers(len(live))))
                     scenarios.check(ptr, nbytes // 4, seed, errors, streams[s])

@@ -19,6 +19,7 @@ from hypothesis.stateful import (
 )
 
 from rmm_fences._hazards import HAZARD_KINDS, describe, hazard_from_fields
+
 from rmm_fences_testing import SimHazardTracker
 
 STREAMS = (1, 3, 5)  # plain streams (2 is the per-thread default stream)
@@ -111,7 +112,7 @@ class Model:
         overlapping = [r for r in self.freed_ranges if r[0] < ptr + size and ptr < r[0] + r[1]]
         overlapping.sort(key=lambda r: r[0])  # the core walks ranges by address, then age
         hazard = None
-        for r_ptr, r_size, r_stream, fence in overlapping:
+        for _r_ptr, _r_size, r_stream, fence in overlapping:
             if hazard is None and r_stream != k:
                 if r_stream in self.fq:  # tested unless a poll settled it (then complete)
                     self.unchecked(0 if self.t.done(fence) else 1, 1 if self.t.done(fence) else 0)
@@ -542,7 +543,7 @@ def test_many_live_blocks_grow_the_table_and_erase_in_any_order():
     t = SimHazardTracker(True)
     r = random.Random(5)
     live = {}
-    for round_ in range(3):
+    for _round in range(3):
         for _ in range(5000):
             size = r.choice(SIZES)
             live[t.allocate(size, r.choice(STREAMS))] = size

@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "asv_bench"))
 
-from benchmarks._common import CHAINS, make, streams  # noqa: E402
+from benchmarks._common import make, streams  # noqa: E402
 
 DEFAULT_CHAINS = ["rmm_fences_pool", "rmm_pool", "cuda_async", "sync_on_free_deferred",
                   "tracking_pool"]

@@ -326,7 +326,7 @@ def commit():
 
 
 def _now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 # ------------------------------------------------------------ reading one process's files
