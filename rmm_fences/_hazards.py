@@ -114,8 +114,7 @@ def describe(kind, ptr, size, tracked_size, stream, streams) -> str:
             f"reuse_before_fence: the upstream handed {where} to {stream_name(stream)} while "
             f"the fence of its free on {_streams(streams)} had not completed"
         )
-    if kind == "cross_stream_free" and any(
-            is_per_thread_key(s) and s != stream for s in streams):
+    if kind == "cross_stream_free" and any(is_per_thread_key(s) and s != stream for s in streams):
         return (
             f"cross_stream_free: {where} freed on {stream_name(stream)}, which cannot be "
             f"ordered after {_streams(streams)}: another thread's per-thread default stream "
@@ -209,8 +208,7 @@ def format_report(summary: dict, hazards, leaks, format: str) -> str:
         f" (upstream_stream_ordered={summary['upstream_stream_ordered']})",
         f"  allocated: {summary['allocated_bytes']} bytes in {summary['outstanding']} blocks,"
         f" peak {summary['peak_bytes']} bytes",
-        "  hazards: "
-        + (", ".join(f"{k} x{n}" for k, n in counts.items()) if counts else "none"),
+        "  hazards: " + (", ".join(f"{k} x{n}" for k, n in counts.items()) if counts else "none"),
     ]
     for h in list(hazards) + list(leaks):
         lines.append(f"  - {h.message}")

@@ -89,13 +89,16 @@ def grid_for(count: int) -> int:
     return max(1, min(1024, (count + THREADS - 1) // THREADS))
 
 
-def slow_checksum(ptr: int, count: int, spin_ms: float, out: cupy.ndarray, stream,
-                  grid: int | None = None) -> None:
+def slow_checksum(
+    ptr: int, count: int, spin_ms: float, out: cupy.ndarray, stream, grid: int | None = None
+) -> None:
     """On ``stream``: spin ``spin_ms``, then add the float64 sum of ``count`` float32 at
     ``ptr`` to ``out[0]`` (which the caller zeroes)."""
     kernel("slow_checksum")(
-        (grid or grid_for(count),), (THREADS,),
-        (ptr, np.uint64(count), np.int64(spin_cycles(spin_ms)), out), stream=stream,
+        (grid or grid_for(count),),
+        (THREADS,),
+        (ptr, np.uint64(count), np.int64(spin_cycles(spin_ms)), out),
+        stream=stream,
     )
 
 
@@ -109,7 +112,9 @@ def fill(ptr: int, count: int, pattern: int, stream: cupy.cuda.Stream) -> None:
 def check(ptr: int, count: int, pattern: int, errors: cupy.ndarray, stream) -> None:
     """Add to ``errors[0]`` the words at ``ptr`` that differ from pattern number ``pattern``."""
     kernel("check_pattern")(
-        (grid_for(count),), (THREADS,), (ptr, np.uint64(count), np.uint32(pattern), errors),
+        (grid_for(count),),
+        (THREADS,),
+        (ptr, np.uint64(count), np.uint32(pattern), errors),
         stream=stream,
     )
 
@@ -138,9 +143,16 @@ class RaceResult:
         return statistics.median(self.free_us) if self.free_us else float("nan")
 
 
-def race(mr, *, trials: int = 200, nbytes: int = 4 << 20, spin_ms: float = 0.5,
-         rng: np.random.Generator | None = None, scenario: str = "cross_stream_reuse",
-         catch: bool = False) -> RaceResult:
+def race(
+    mr,
+    *,
+    trials: int = 200,
+    nbytes: int = 4 << 20,
+    spin_ms: float = 0.5,
+    rng: np.random.Generator | None = None,
+    scenario: str = "cross_stream_reuse",
+    catch: bool = False,
+) -> RaceResult:
     """Free a block while a slow kernel still reads it, then (by ``scenario``) overwrite
     whatever ``mr`` hands out next, and check the slow kernel's checksum.
 

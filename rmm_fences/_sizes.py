@@ -48,8 +48,7 @@ def parse_bytes(value: int | str, name: str) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise TypeError(
-            f"{name} must be an int or a size string such as '1GiB', "
-            f"got {type(value).__name__}"
+            f"{name} must be an int or a size string such as '1GiB', got {type(value).__name__}"
         )
     if isinstance(value, int):
         nbytes = value

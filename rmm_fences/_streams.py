@@ -34,8 +34,9 @@ def stream_handle(stream, name: str = "stream") -> int:
         try:
             version, handle = protocol()[:2]
         except Exception as exc:
-            raise TypeError(f"{name}: __cuda_stream__() of {type(stream).__name__} failed: "
-                            f"{exc}") from exc
+            raise TypeError(
+                f"{name}: __cuda_stream__() of {type(stream).__name__} failed: {exc}"
+            ) from exc
         if version != 0 or not isinstance(handle, int):
             raise TypeError(f"{name}: unsupported __cuda_stream__ result {(version, handle)!r}")
         return handle

@@ -82,9 +82,16 @@ def _stress_kernels(device: int):
         return fill, check, fill.kernel.ptr, check.kernel.ptr
 
 
-def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
-           max_bytes: int | str = "4MiB", max_live: int = 32, random_state: int = 0,
-           check_delay_ns: int = 20000) -> dict:
+def stress(
+    mr,
+    streams: int | list[Any] = 8,
+    seconds: float = 5.0,
+    *,
+    max_bytes: int | str = "4MiB",
+    max_live: int = 32,
+    random_state: int = 0,
+    check_delay_ns: int = 20000,
+) -> dict:
     """Multi-threaded data-checking stress of ``mr`` (needs CuPy and a GPU).
 
     One C++ thread per stream runs for ``seconds`` without the GIL: random allocations on its
@@ -110,8 +117,10 @@ def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
     words the check kernels found wrong. Any value but 0 means two users shared memory.
     """
     if isinstance(streams, bool) or not isinstance(streams, (int, list, tuple)):
-        raise TypeError(f"streams must be a number of streams or a list of streams, "
-                        f"got {type(streams).__name__}")
+        raise TypeError(
+            f"streams must be a number of streams or a list of streams, "
+            f"got {type(streams).__name__}"
+        )
     if isinstance(streams, int) and streams < 1:
         raise ValueError(f"streams must be at least 1, got {streams}")
     import cupy
@@ -121,10 +130,18 @@ def stress(mr, streams: int | list[Any] = 8, seconds: float = 5.0, *,
     _, _, fill, check = _stress_kernels(cupy.cuda.runtime.getDevice())
     errors = cupy.zeros(1, dtype=cupy.uint64)
     cupy.cuda.Device().synchronize()  # the counter is zero before any stream uses it
-    stats = _native_stress(mr, list(streams), seconds, fill_kernel=fill, check_kernel=check,
-                           errors=errors.data.ptr, max_bytes=max_bytes, max_live=max_live,
-                           random_state=random_state,
-                           check_delay_ns=check_delay_ns)
+    stats = _native_stress(
+        mr,
+        list(streams),
+        seconds,
+        fill_kernel=fill,
+        check_kernel=check,
+        errors=errors.data.ptr,
+        max_bytes=max_bytes,
+        max_live=max_live,
+        random_state=random_state,
+        check_delay_ns=check_delay_ns,
+    )
     stats["errors"] = int(errors.get()[0])
     return stats
 
@@ -151,14 +168,16 @@ def cub_temp_loop(x, out, mr=None, stream=None):
     reducer, op = rf._reducer(x, out, "sum", init, x.dtype, out.dtype)
     reducer = reducer.fn  # the floor calls cuda.compute directly
     cc_stream = StreamHandle(stream.ptr)
-    nbytes = reducer(temp_storage=None, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
-                     stream=cc_stream)
+    nbytes = reducer(
+        temp_storage=None, d_in=x, d_out=out, num_items=n, op=op, h_init=init, stream=cc_stream
+    )
     pre = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
     tmp = rf.TempStorage(pre.data.ptr, max(nbytes, 1))
 
     def fn():
-        reducer(temp_storage=tmp, d_in=x, d_out=out, num_items=n, op=op, h_init=init,
-                stream=cc_stream)
+        reducer(
+            temp_storage=tmp, d_in=x, d_out=out, num_items=n, op=op, h_init=init, stream=cc_stream
+        )
 
     fn.buffer = pre  # the preallocated temp lives as long as the function
     return fn
@@ -184,8 +203,9 @@ def event_time_us(fn, stream, iterations: int, rounds: int = 5) -> float:
     return statistics.median(times)
 
 
-def cub_temp_loop_us(x, out, mr=None, stream=None, iterations: int = 1000,
-                     rounds: int = 5) -> float:
+def cub_temp_loop_us(
+    x, out, mr=None, stream=None, iterations: int = 1000, rounds: int = 5
+) -> float:
     """Microseconds per call of :func:`cub_temp_loop` (:func:`event_time_us`, after a warm-up
     call), the sum in ``out[0]`` checked against a float64 sum of ``x`` (AssertionError
     otherwise)."""

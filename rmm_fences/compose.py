@@ -40,8 +40,7 @@ class Spec:
     kwargs: tuple[tuple[str, object], ...] = ()
 
     def __str__(self):
-        parts = ([str(self.inner)] if self.inner else []) + [
-            f"{k}={v}" for k, v in self.kwargs]
+        parts = ([str(self.inner)] if self.inner else []) + [f"{k}={v}" for k, v in self.kwargs]
         return f"{self.name}({', '.join(parts)})" if parts else self.name
 
 
@@ -82,39 +81,114 @@ class _Kind:
 _SIZES = {"initial_pool_size": "size", "maximum_pool_size": "size"}
 
 #: The resources of specs, by name.
-RESOURCES = {kind.name: kind for kind in (
-    _Kind("cuda", "rmm.mr.CudaMemoryResource", False, {}, True,
-          doc="rmm CudaMemoryResource (cudaMalloc/cudaFree)"),
-    _Kind("cuda_async", "rmm.mr.CudaAsyncMemoryResource", False,
-          {"initial_pool_size": "size", "release_threshold": "size"}, True,
-          doc="rmm CudaAsyncMemoryResource (cudaMallocAsync)"),
-    _Kind("managed", "rmm.mr.ManagedMemoryResource", False, {}, True,
-          doc="rmm ManagedMemoryResource"),
-    _Kind("rmm_pool", "rmm.mr.PoolMemoryResource", True, _SIZES, True,
-          doc="rmm PoolMemoryResource"),
-    _Kind("arena", "rmm.mr.ArenaMemoryResource", True, {"arena_size": "size"}, True,
-          doc="rmm ArenaMemoryResource"),
-    _Kind("limiting", "rmm.mr.LimitingResourceAdaptor", True, {"allocation_limit": "size"},
-          INHERITS, required=("allocation_limit",),
-          factory=lambda cls, upstream, kw: cls(upstream, kw["allocation_limit"]),
-          doc="rmm LimitingResourceAdaptor"),
-    _Kind("statistics", "rmm.mr.StatisticsResourceAdaptor", True, {}, INHERITS,
-          doc="rmm StatisticsResourceAdaptor"),
-    _Kind("pool", "rmm_fences.StreamOrderedPoolMemoryResource", True, _SIZES, True,
-          doc="rmm_fences StreamOrderedPoolMemoryResource"),
-    _Kind("sync_on_free", "rmm_fences.SyncOnFreeResourceAdaptor", True,
-          {"mode": ("deferred", "stream", "device"), "max_pending_bytes": "size"}, True,
-          doc="rmm_fences SyncOnFreeResourceAdaptor"),
-    _Kind("tracking", "rmm_fences.HazardTrackingResourceAdaptor", True,
-          {"on_hazard": ("warn", "raise", "record"), "capture_stacks": "bool",
-           "upstream_stream_ordered": "bool", "nvtx": "bool"}, INHERITS,
-          doc="rmm_fences HazardTrackingResourceAdaptor"),
-    _Kind("naive_cache", "rmm_fences.unsafe.NaiveCachingMemoryResource", True, {}, False,
-          doc="rmm_fences.unsafe NaiveCachingMemoryResource"),
-    _Kind("vmm_unmap", "rmm_fences.unsafe.UnmappingVmmMemoryResource", False,
-          {"reserve_size": "size", "device": "int"}, False,
-          doc="rmm_fences.unsafe UnmappingVmmMemoryResource"),
-)}
+RESOURCES = {
+    kind.name: kind
+    for kind in (
+        _Kind(
+            "cuda",
+            "rmm.mr.CudaMemoryResource",
+            False,
+            {},
+            True,
+            doc="rmm CudaMemoryResource (cudaMalloc/cudaFree)",
+        ),
+        _Kind(
+            "cuda_async",
+            "rmm.mr.CudaAsyncMemoryResource",
+            False,
+            {"initial_pool_size": "size", "release_threshold": "size"},
+            True,
+            doc="rmm CudaAsyncMemoryResource (cudaMallocAsync)",
+        ),
+        _Kind(
+            "managed",
+            "rmm.mr.ManagedMemoryResource",
+            False,
+            {},
+            True,
+            doc="rmm ManagedMemoryResource",
+        ),
+        _Kind(
+            "rmm_pool",
+            "rmm.mr.PoolMemoryResource",
+            True,
+            _SIZES,
+            True,
+            doc="rmm PoolMemoryResource",
+        ),
+        _Kind(
+            "arena",
+            "rmm.mr.ArenaMemoryResource",
+            True,
+            {"arena_size": "size"},
+            True,
+            doc="rmm ArenaMemoryResource",
+        ),
+        _Kind(
+            "limiting",
+            "rmm.mr.LimitingResourceAdaptor",
+            True,
+            {"allocation_limit": "size"},
+            INHERITS,
+            required=("allocation_limit",),
+            factory=lambda cls, upstream, kw: cls(upstream, kw["allocation_limit"]),
+            doc="rmm LimitingResourceAdaptor",
+        ),
+        _Kind(
+            "statistics",
+            "rmm.mr.StatisticsResourceAdaptor",
+            True,
+            {},
+            INHERITS,
+            doc="rmm StatisticsResourceAdaptor",
+        ),
+        _Kind(
+            "pool",
+            "rmm_fences.StreamOrderedPoolMemoryResource",
+            True,
+            _SIZES,
+            True,
+            doc="rmm_fences StreamOrderedPoolMemoryResource",
+        ),
+        _Kind(
+            "sync_on_free",
+            "rmm_fences.SyncOnFreeResourceAdaptor",
+            True,
+            {"mode": ("deferred", "stream", "device"), "max_pending_bytes": "size"},
+            True,
+            doc="rmm_fences SyncOnFreeResourceAdaptor",
+        ),
+        _Kind(
+            "tracking",
+            "rmm_fences.HazardTrackingResourceAdaptor",
+            True,
+            {
+                "on_hazard": ("warn", "raise", "record"),
+                "capture_stacks": "bool",
+                "upstream_stream_ordered": "bool",
+                "nvtx": "bool",
+            },
+            INHERITS,
+            doc="rmm_fences HazardTrackingResourceAdaptor",
+        ),
+        _Kind(
+            "naive_cache",
+            "rmm_fences.unsafe.NaiveCachingMemoryResource",
+            True,
+            {},
+            False,
+            doc="rmm_fences.unsafe NaiveCachingMemoryResource",
+        ),
+        _Kind(
+            "vmm_unmap",
+            "rmm_fences.unsafe.UnmappingVmmMemoryResource",
+            False,
+            {"reserve_size": "size", "device": "int"},
+            False,
+            doc="rmm_fences.unsafe UnmappingVmmMemoryResource",
+        ),
+    )
+}
 
 #: rmm resources that specs do not name, with their ``stream_ordered`` (see :class:`_Kind`).
 #: Any other resource (callback resources, ...) counts as not stream-ordered.
@@ -145,8 +219,10 @@ def _stream_ordered(mr) -> bool:
         answers = {kind.cls: kind.stream_ordered for kind in RESOURCES.values()}
         answers.update(_OTHER_STREAM_ORDERED)
         _STREAM_ORDER_BY_TYPE = tuple(
-            (cls, answer) for cls, answer in ((_resolve(p), a) for p, a in answers.items())
-            if cls is not None)
+            (cls, answer)
+            for cls, answer in ((_resolve(p), a) for p, a in answers.items())
+            if cls is not None
+        )
     while True:
         answer = next((a for cls, a in _STREAM_ORDER_BY_TYPE if isinstance(mr, cls)), False)
         if answer != INHERITS:
@@ -154,8 +230,10 @@ def _stream_ordered(mr) -> bool:
         mr = mr.get_upstream()
 
 
-_TOKEN = re.compile(r"\s*(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<value>[0-9][0-9.]*\s*[A-Za-z]*)"
-                    r"|(?P<str>'[^']*'|\"[^\"]*\")|(?P<punct>[(),=]))")
+_TOKEN = re.compile(
+    r"\s*(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<value>[0-9][0-9.]*\s*[A-Za-z]*)"
+    r"|(?P<str>'[^']*'|\"[^\"]*\")|(?P<punct>[(),=]))"
+)
 
 
 def _tokens(spec: str):
@@ -196,17 +274,18 @@ class _Parser:
     def expect(self, text):
         kind, got, col = self.take()
         if got != text:
-            raise SpecError(self.spec, col,
-                            f"expected {text!r}, got {got!r}" if got else f"expected {text!r}")
+            raise SpecError(
+                self.spec, col, f"expected {text!r}, got {got!r}" if got else f"expected {text!r}"
+            )
 
     def resource(self) -> Spec:
         kind, name, col = self.take()
         if kind != "name":
-            raise SpecError(self.spec, col, "expected a resource name; valid: "
-                            + _names(RESOURCES))
+            raise SpecError(self.spec, col, "expected a resource name; valid: " + _names(RESOURCES))
         if name not in RESOURCES:
-            raise SpecError(self.spec, col,
-                            f"unknown resource {name!r}; valid: {_names(RESOURCES)}")
+            raise SpecError(
+                self.spec, col, f"unknown resource {name!r}; valid: {_names(RESOURCES)}"
+            )
         info = RESOURCES[name]
         inner, kwargs, seen = None, [], set()
         if self.peek()[1] == "(":
@@ -227,24 +306,22 @@ class _Parser:
                     self.take()
                     if text not in info.params:
                         valid = _names(info.params) if info.params else "none"
-                        raise SpecError(self.spec, acol,
-                                        f"{name} takes no argument {text!r}; valid: {valid}")
+                        raise SpecError(
+                            self.spec, acol, f"{name} takes no argument {text!r}; valid: {valid}"
+                        )
                     if text in seen:
                         raise SpecError(self.spec, acol, f"{text!r} given twice")
                     seen.add(text)
                     kwargs.append((text, self.value(name, text, info.params[text])))
                 else:
                     if kwargs or inner is not None:
-                        raise SpecError(self.spec, acol,
-                                        "the upstream resource comes first, once")
+                        raise SpecError(self.spec, acol, "the upstream resource comes first, once")
                     if not info.adaptor:
-                        raise SpecError(self.spec, acol,
-                                        f"{name} takes no upstream resource")
+                        raise SpecError(self.spec, acol, f"{name} takes no upstream resource")
                     inner = self.resource()
             self.take()
         if info.adaptor and inner is None:
-            raise SpecError(self.spec, col, f"{name} needs an upstream resource, e.g. "
-                            f"{name}(cuda)")
+            raise SpecError(self.spec, col, f"{name} needs an upstream resource, e.g. {name}(cuda)")
         for req in info.required:
             if req not in seen:
                 raise SpecError(self.spec, col, f"{name} needs {req}=...")
@@ -325,8 +402,10 @@ class install:
         elif isinstance(spec_or_resource, rmm.mr.DeviceMemoryResource):
             self.resource = spec_or_resource
         else:
-            raise TypeError("spec_or_resource must be a spec string, a Spec or an "
-                            f"rmm.mr.DeviceMemoryResource, got {type(spec_or_resource).__name__}")
+            raise TypeError(
+                "spec_or_resource must be a spec string, a Spec or an "
+                f"rmm.mr.DeviceMemoryResource, got {type(spec_or_resource).__name__}"
+            )
         self.previous = rmm.mr.get_per_device_resource(device)
         rmm.mr.set_per_device_resource(device, self.resource)
 

@@ -54,8 +54,11 @@ class FencesPlugin(WorkerPlugin):
         self.__init__(state["spec"], cupy_allocator=state["cupy_allocator"])
 
     def __eq__(self, other):
-        return (isinstance(other, FencesPlugin) and other.spec == self.spec
-                and other.cupy_allocator == self.cupy_allocator)
+        return (
+            isinstance(other, FencesPlugin)
+            and other.spec == self.spec
+            and other.cupy_allocator == self.cupy_allocator
+        )
 
     def __hash__(self):
         return hash((self.spec, self.cupy_allocator))
@@ -98,14 +101,25 @@ def chain_stats(resource) -> list[dict]:
             entry["stats"] = dict(stats)
         counts = getattr(resource, "allocation_counts", None)
         if counts is not None:
-            entry["allocation_counts"] = {k: getattr(counts, k) for k in (
-                "current_bytes", "current_count", "peak_bytes", "peak_count", "total_bytes",
-                "total_count") if hasattr(counts, k)}
+            entry["allocation_counts"] = {
+                k: getattr(counts, k)
+                for k in (
+                    "current_bytes",
+                    "current_count",
+                    "peak_bytes",
+                    "peak_count",
+                    "total_bytes",
+                    "total_count",
+                )
+                if hasattr(counts, k)
+            }
         if hasattr(resource, "hazards") and hasattr(resource, "peak_bytes"):
             entry["allocated_bytes"] = resource.allocated_bytes
             entry["peak_bytes"] = resource.peak_bytes
-            entry["hazards"] = [{"kind": h.kind, "pointer": h.pointer, "size": h.size,
-                                 "message": h.message} for h in resource.hazards]
+            entry["hazards"] = [
+                {"kind": h.kind, "pointer": h.pointer, "size": h.size, "message": h.message}
+                for h in resource.hazards
+            ]
         out.append(entry)
         get_upstream = getattr(resource, "get_upstream", None)
         resource = get_upstream() if get_upstream is not None else None

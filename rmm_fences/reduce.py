@@ -25,12 +25,29 @@ __all__ = ["device_reduce", "device_sum", "temp_storage", "TempStorage", "SUPPOR
 
 SUPPORTED_DTYPES = tuple(
     np.dtype(t)
-    for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-              "float32", "float64")
+    for t in (
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float32",
+        "float64",
+    )
 )
-_OP_NAMES = {"sum": "PLUS", "plus": "PLUS", "max": "MAXIMUM", "maximum": "MAXIMUM",
-             "min": "MINIMUM", "minimum": "MINIMUM", "prod": "MULTIPLIES",
-             "multiplies": "MULTIPLIES"}
+_OP_NAMES = {
+    "sum": "PLUS",
+    "plus": "PLUS",
+    "max": "MAXIMUM",
+    "maximum": "MAXIMUM",
+    "min": "MINIMUM",
+    "minimum": "MINIMUM",
+    "prod": "MULTIPLIES",
+    "multiplies": "MULTIPLIES",
+}
 
 
 class TempStorage:
@@ -49,8 +66,13 @@ class TempStorage:
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
-                "strides": None, "version": 3}
+        return {
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+        }
 
     def __repr__(self):
         return f"TempStorage(ptr={self.ptr:#x}, nbytes={self.nbytes})"
@@ -63,7 +85,8 @@ def _resource(mr):
         return rmm.mr.get_current_device_resource()
     if not isinstance(mr, rmm.mr.DeviceMemoryResource):
         raise TypeError(
-            f"mr must be None or an rmm.mr.DeviceMemoryResource, got {type(mr).__name__}")
+            f"mr must be None or an rmm.mr.DeviceMemoryResource, got {type(mr).__name__}"
+        )
     return mr
 
 
@@ -108,8 +131,10 @@ def _array_info(a, name):
     if type(a) is _cupy_ndarray():
         dtype = a.dtype
         if dtype not in _SUPPORTED:
-            raise TypeError(f"{name} has dtype {dtype}; supported: "
-                            + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+            raise TypeError(
+                f"{name} has dtype {dtype}; supported: "
+                + ", ".join(str(d) for d in SUPPORTED_DTYPES)
+            )
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous (strides {a.strides})")
         return a.data.ptr, a.size, dtype, a.device.id
@@ -118,11 +143,13 @@ def _array_info(a, name):
         kind = "host memory" if isinstance(a, np.ndarray) or hasattr(a, "__array__") else ""
         raise TypeError(
             f"{name} must be a device array with __cuda_array_interface__ (CuPy, PyTorch, "
-            f"Numba); got {type(a).__name__}{' (' + kind + ')' if kind else ''}")
+            f"Numba); got {type(a).__name__}{' (' + kind + ')' if kind else ''}"
+        )
     dtype = np.dtype(cai["typestr"])
     if dtype not in _SUPPORTED:
-        raise TypeError(f"{name} has dtype {dtype}; supported: "
-                        + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+        raise TypeError(
+            f"{name} has dtype {dtype}; supported: " + ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        )
     shape = tuple(cai["shape"])
     size = math.prod(shape)
     strides = cai.get("strides")
@@ -171,13 +198,15 @@ def _op_and_key(op):
         except KeyError:
             raise ValueError(
                 f"op {op!r} is not known; use one of {sorted(set(_OP_NAMES))}, a "
-                "cuda.compute.OpKind or a callable") from None
+                "cuda.compute.OpKind or a callable"
+            ) from None
     if isinstance(op, cc.OpKind):
         return op, ("kind", op.name)
     if callable(op):
         return op, ("callable", op)
-    raise TypeError(f"op must be a name, a cuda.compute.OpKind or a callable, got "
-                    f"{type(op).__name__}")
+    raise TypeError(
+        f"op must be a name, a cuda.compute.OpKind or a callable, got {type(op).__name__}"
+    )
 
 
 class _Reducer:
@@ -205,7 +234,8 @@ def _reducer(d_in, d_out, op, h_init, in_dtype, out_dtype):
             reducer = _REDUCERS.get(key)
             if reducer is None:
                 reducer = _Reducer(
-                    cc.make_reduce_into(d_in=d_in, d_out=d_out, op=op_obj, h_init=h_init))
+                    cc.make_reduce_into(d_in=d_in, d_out=d_out, op=op_obj, h_init=h_init)
+                )
                 _REDUCERS[key] = reducer
     return reducer, op_obj
 
@@ -241,8 +271,10 @@ def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
     handle = stream_handle(stream)
     resource = _resource(mr)
     _check_devices(in_ptr, in_dev, out_ptr, out_dev)
-    init = np.asarray(h_init, dtype=out_dtype if np.isscalar(h_init) and
-                      not isinstance(h_init, np.generic) else None).reshape(1)
+    init = np.asarray(
+        h_init,
+        dtype=out_dtype if np.isscalar(h_init) and not isinstance(h_init, np.generic) else None,
+    ).reshape(1)
     reducer, op_obj = _reducer(d_in, d_out, op, init, in_dtype, out_dtype)
     _launch(reducer, d_in, d_out, n, op_obj, init, handle, resource, in_dev)
 
@@ -257,8 +289,15 @@ def _launch(reducer, d_in, d_out, n, op, init, handle, resource, device):
     size = reducer.sizes.get((device, n))
     if size is None:
         with reducer.lock:
-            nbytes = fn(temp_storage=None, d_in=d_in, d_out=d_out, num_items=n, op=op,
-                        h_init=init, stream=cc_stream)
+            nbytes = fn(
+                temp_storage=None,
+                d_in=d_in,
+                d_out=d_out,
+                num_items=n,
+                op=op,
+                h_init=init,
+                stream=cc_stream,
+            )
         size = max(int(nbytes), 1)
         if len(reducer.sizes) >= 4096:
             reducer.sizes.clear()
@@ -267,8 +306,15 @@ def _launch(reducer, d_in, d_out, n, op, init, handle, resource, device):
     ptr = resource.allocate(size, rs)
     try:
         with reducer.lock:
-            fn(temp_storage=TempStorage(ptr, size), d_in=d_in, d_out=d_out, num_items=n, op=op,
-               h_init=init, stream=cc_stream)
+            fn(
+                temp_storage=TempStorage(ptr, size),
+                d_in=d_in,
+                d_out=d_out,
+                num_items=n,
+                op=op,
+                h_init=init,
+                stream=cc_stream,
+            )
     finally:
         resource.deallocate(ptr, size, rs)  # no sync: the resource orders the reuse
 

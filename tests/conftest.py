@@ -18,8 +18,11 @@ def pytest_report_header(config):
     built = sorted(NATIVE_TESTS.glob("rmm_fences_testing*.so"))
     if built:
         return f"host test harness: {built[0]}"
-    return ("host test harness: NOT BUILT (the *_core tests cannot import rmm_fences_testing; "
-            "`make install` builds it with -C cmake.define.RMM_FENCES_BUILD_TESTS=ON)")
+    return (
+        "host test harness: NOT BUILT (the *_core tests cannot import rmm_fences_testing; "
+        "`make install` builds it with -C cmake.define.RMM_FENCES_BUILD_TESTS=ON)"
+    )
+
 
 #: Set to 1 on a GPU host: a ``gpu`` test that skips (no device found, or a skip at run time)
 #: fails instead, so a run cannot pass with GPU tests quietly left out.
@@ -56,11 +59,17 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if (report.skipped and not hasattr(report, "wasxfail") and _is_gpu_test(item)
-            and _gpu_required()):
+    if (
+        report.skipped
+        and not hasattr(report, "wasxfail")
+        and _is_gpu_test(item)
+        and _gpu_required()
+    ):
         report.outcome = "failed"
-        report.longrepr = (f"gpu test skipped while {REQUIRE_GPU}=1 (a GPU host run may skip "
-                           f"no gpu test): {_skip_reason(report)}")
+        report.longrepr = (
+            f"gpu test skipped while {REQUIRE_GPU}=1 (a GPU host run may skip "
+            f"no gpu test): {_skip_reason(report)}"
+        )
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -68,12 +77,18 @@ def pytest_make_collect_report(collector):
     outcome = yield
     report = outcome.get_result()
     # a GPU test module skipped as a whole (pytest.importorskip or pytest.skip at module level)
-    if (report.skipped and isinstance(collector, pytest.Module)
-            and collector.path.name.endswith("_gpu.py") and _gpu_required()):
+    if (
+        report.skipped
+        and isinstance(collector, pytest.Module)
+        and collector.path.name.endswith("_gpu.py")
+        and _gpu_required()
+    ):
         report.outcome = "failed"
-        report.longrepr = (f"gpu test module {collector.path.name} skipped while "
-                           f"{REQUIRE_GPU}=1 (a GPU host run may skip no gpu test): "
-                           f"{_skip_reason(report)}")
+        report.longrepr = (
+            f"gpu test module {collector.path.name} skipped while "
+            f"{REQUIRE_GPU}=1 (a GPU host run may skip no gpu test): "
+            f"{_skip_reason(report)}"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -114,10 +129,12 @@ def dump_stacks(reason: str) -> None:
     faulthandler.dump_traceback(sys.stderr, all_threads=True)
     print("=== native threads: tid, name, wchan, syscall", file=sys.stderr, flush=True)
     for task in sorted(Path(f"/proc/{os.getpid()}/task").iterdir(), key=lambda p: int(p.name)):
+
         def read(name, task=task):
             try:
                 return (task / name).read_text().strip().split("\n")[0][:80]
             except OSError as exc:
                 return f"<{exc.strerror}>"
+
         print(task.name, read("comm"), read("wchan"), read("syscall"), file=sys.stderr)
     sys.stderr.flush()

@@ -30,8 +30,9 @@ nbytes = 4096
 ptr = mr.allocate(nbytes)
 # 1 MiB past the start: inside the pool's 64 MiB chunk, outside any sub-allocation.
 _WRITE((1,), (32,), (np.uint64(ptr), np.uint64((1 << 20) // 4)))
-print(f"child: launched a write 1 MiB past the start of a {nbytes}-byte block at {ptr:#x}",
-      flush=True)
+print(
+    f"child: launched a write 1 MiB past the start of a {nbytes}-byte block at {ptr:#x}", flush=True
+)
 try:
     cupy.cuda.runtime.deviceSynchronize()
 except cupy.cuda.runtime.CUDARuntimeError as exc:  # memcheck stops a kernel it flags

@@ -15,8 +15,12 @@ COMMANDS = ("doctor", "reduce", "bench")
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-P", "-m", "rmm_fences", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "rmm_fences", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -58,8 +62,13 @@ def test_the_scenarios_match_the_race_trial():
     assert _scenarios.SCENARIOS == SCENARIOS
 
 
-@pytest.mark.parametrize("args", [("reduce", "--resource", "poool(cuda)"),
-                                  ("bench", "--resource", "cuda", "--resource", "pool")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("reduce", "--resource", "poool(cuda)"),
+        ("bench", "--resource", "cuda", "--resource", "pool"),
+    ],
+)
 def test_bad_specs_exit_2_with_the_caret(args):
     res = cli(*args)
     assert res.returncode == 2
@@ -85,10 +94,20 @@ def sample_cells():
     return [
         Cell("naive_cache(cuda)", "cross_stream_reuse", 20, corrupted=19, free_us=0.9),
         Cell("naive_cache(cuda)", "free_in_flight", 20, free_us=0.8),
-        Cell("vmm_unmap(reserve_size=16GiB)", "free_in_flight", 20,
-             crashed="cudaErrorIllegalAddress: an illegal memory access was encountered"),
-        Cell("tracking(naive_cache(cuda), on_hazard=record)", "cross_stream_reuse", 20,
-             corrupted=20, hazards=("freed_in_flight", "reuse_before_fence"), free_us=2.5),
+        Cell(
+            "vmm_unmap(reserve_size=16GiB)",
+            "free_in_flight",
+            20,
+            crashed="cudaErrorIllegalAddress: an illegal memory access was encountered",
+        ),
+        Cell(
+            "tracking(naive_cache(cuda), on_hazard=record)",
+            "cross_stream_reuse",
+            20,
+            corrupted=20,
+            hazards=("freed_in_flight", "reuse_before_fence"),
+            free_us=2.5,
+        ),
     ]
 
 
@@ -118,8 +137,15 @@ def test_doctor_plot(tmp_path):
 def test_the_matrix_covers_every_chain_of_the_issue():
     assert SCENARIOS == ("same_stream_reuse", "cross_stream_reuse", "free_in_flight")
     names = " ".join(CHAINS)
-    for name in ("cuda", "cuda_async", "rmm_pool", "naive_cache", "vmm_unmap", "pool(",
-                 "tracking(naive_cache"):
+    for name in (
+        "cuda",
+        "cuda_async",
+        "rmm_pool",
+        "naive_cache",
+        "vmm_unmap",
+        "pool(",
+        "tracking(naive_cache",
+    ):
         assert name in names
     for mode in ("device", "stream", "deferred"):
         assert f"sync_on_free(naive_cache(cuda), mode={mode})" in CHAINS

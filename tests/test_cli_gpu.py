@@ -12,8 +12,12 @@ pytestmark = pytest.mark.gpu
 
 
 def cli(*args):
-    res = subprocess.run([sys.executable, "-P", "-m", "rmm_fences", *args],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-P", "-m", "rmm_fences", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     print("\n" + res.stdout + res.stderr[-2000:])
     return res
 
@@ -23,8 +27,11 @@ def test_reduce_reports_time_bandwidth_and_the_floor(spec):
     # an odd length of fresh random data; a wrong sum raises in the child (non-zero exit)
     res = cli("reduce", "--resource", spec, "--n", "1048583", "--iters", "200")
     assert res.returncode == 0
-    m = re.search(r"(\d+\.\d+) us per call, (\d+\.\d+) GB/s, (\d+\.\d+)x the preallocated "
-                  r"temp buffer \((\d+\.\d+) us\)", res.stdout)
+    m = re.search(
+        r"(\d+\.\d+) us per call, (\d+\.\d+) GB/s, (\d+\.\d+)x the preallocated "
+        r"temp buffer \((\d+\.\d+) us\)",
+        res.stdout,
+    )
     assert m, res.stdout
     us, gbs, ratio, floor = map(float, m.groups())
     assert us > 0 and gbs > 0 and floor > 0
@@ -39,7 +46,7 @@ def test_bench_reports_a_row_per_spec():
     for spec in specs:
         row = [line for line in res.stdout.splitlines() if line.startswith(spec + " ")]
         assert len(row) == 1, res.stdout
-        py_us, native_ns = map(float, row[0][len(spec):].split())
+        py_us, native_ns = map(float, row[0][len(spec) :].split())
         assert py_us > 0 and native_ns > 0
 
 
@@ -66,5 +73,6 @@ def test_the_cub_temp_loop_floor_and_a_chain_agree_on_the_sum():
         cupy.cuda.Device().synchronize()
         cub_temp_loop(x, out, mr, stream)()
         stream.synchronize()
-        assert float(out.get()[0]) == pytest.approx(float(x.astype(cupy.float64).sum().get()),
-                                                    rel=1e-3, abs=1e-2)
+        assert float(out.get()[0]) == pytest.approx(
+            float(x.astype(cupy.float64).sum().get()), rel=1e-3, abs=1e-2
+        )

@@ -11,21 +11,42 @@ from rmm_fences.compose import RESOURCES, Spec, SpecError, parse_spec
     [
         ("cuda", Spec("cuda")),
         ("  cuda_async ", Spec("cuda_async")),
-        ("cuda_async(release_threshold=1GiB)",
-         Spec("cuda_async", None, (("release_threshold", 1 << 30),))),
-        ("sync_on_free(naive_cache(cuda_async), mode=deferred)",
-         Spec("sync_on_free", Spec("naive_cache", Spec("cuda_async")), (("mode", "deferred"),))),
-        ("pool(cuda, initial_pool_size=512MiB, maximum_pool_size='2GB')",
-         Spec("pool", Spec("cuda"), (("initial_pool_size", 512 << 20),
-                                     ("maximum_pool_size", 2 * 10**9)))),
-        ("limiting(rmm_pool(cuda, initial_pool_size=4096), allocation_limit=1 GiB)",
-         Spec("limiting", Spec("rmm_pool", Spec("cuda"), (("initial_pool_size", 4096),)),
-              (("allocation_limit", 1 << 30),))),
-        ("tracking(statistics(arena(cuda)), on_hazard=raise, capture_stacks=true, nvtx=False)",
-         Spec("tracking", Spec("statistics", Spec("arena", Spec("cuda"))),
-              (("on_hazard", "raise"), ("capture_stacks", True), ("nvtx", False)))),
-        ("vmm_unmap(reserve_size=8GiB, device=0)",
-         Spec("vmm_unmap", None, (("reserve_size", 8 << 30), ("device", 0)))),
+        (
+            "cuda_async(release_threshold=1GiB)",
+            Spec("cuda_async", None, (("release_threshold", 1 << 30),)),
+        ),
+        (
+            "sync_on_free(naive_cache(cuda_async), mode=deferred)",
+            Spec("sync_on_free", Spec("naive_cache", Spec("cuda_async")), (("mode", "deferred"),)),
+        ),
+        (
+            "pool(cuda, initial_pool_size=512MiB, maximum_pool_size='2GB')",
+            Spec(
+                "pool",
+                Spec("cuda"),
+                (("initial_pool_size", 512 << 20), ("maximum_pool_size", 2 * 10**9)),
+            ),
+        ),
+        (
+            "limiting(rmm_pool(cuda, initial_pool_size=4096), allocation_limit=1 GiB)",
+            Spec(
+                "limiting",
+                Spec("rmm_pool", Spec("cuda"), (("initial_pool_size", 4096),)),
+                (("allocation_limit", 1 << 30),),
+            ),
+        ),
+        (
+            "tracking(statistics(arena(cuda)), on_hazard=raise, capture_stacks=true, nvtx=False)",
+            Spec(
+                "tracking",
+                Spec("statistics", Spec("arena", Spec("cuda"))),
+                (("on_hazard", "raise"), ("capture_stacks", True), ("nvtx", False)),
+            ),
+        ),
+        (
+            "vmm_unmap(reserve_size=8GiB, device=0)",
+            Spec("vmm_unmap", None, (("reserve_size", 8 << 30), ("device", 0))),
+        ),
         ("managed()", Spec("managed")),
     ],
 )
@@ -73,9 +94,20 @@ def test_spec_must_be_a_string():
 
 
 def test_every_name_is_documented():
-    assert set(RESOURCES) == {"cuda", "cuda_async", "managed", "rmm_pool", "arena", "limiting",
-                              "statistics", "pool", "sync_on_free", "tracking", "naive_cache",
-                              "vmm_unmap"}
+    assert set(RESOURCES) == {
+        "cuda",
+        "cuda_async",
+        "managed",
+        "rmm_pool",
+        "arena",
+        "limiting",
+        "statistics",
+        "pool",
+        "sync_on_free",
+        "tracking",
+        "naive_cache",
+        "vmm_unmap",
+    }
     assert all(kind.doc for kind in RESOURCES.values())
 
 

@@ -17,12 +17,15 @@ SPECS = {
     "arena": ("arena(cuda, arena_size=64MiB)", rmm.mr.ArenaMemoryResource),
     "limiting": ("limiting(cuda, allocation_limit=1GiB)", rmm.mr.LimitingResourceAdaptor),
     "statistics": ("statistics(cuda)", rmm.mr.StatisticsResourceAdaptor),
-    "pool": ("pool(cuda_async, initial_pool_size=64MiB)",
-             rmm_fences.StreamOrderedPoolMemoryResource),
-    "sync_on_free": ("sync_on_free(naive_cache(cuda), mode=stream)",
-                     rmm_fences.SyncOnFreeResourceAdaptor),
-    "tracking": ("tracking(pool(cuda), on_hazard=raise)",
-                 rmm_fences.HazardTrackingResourceAdaptor),
+    "pool": (
+        "pool(cuda_async, initial_pool_size=64MiB)",
+        rmm_fences.StreamOrderedPoolMemoryResource,
+    ),
+    "sync_on_free": (
+        "sync_on_free(naive_cache(cuda), mode=stream)",
+        rmm_fences.SyncOnFreeResourceAdaptor,
+    ),
+    "tracking": ("tracking(pool(cuda), on_hazard=raise)", rmm_fences.HazardTrackingResourceAdaptor),
     "naive_cache": ("naive_cache(cuda)", None),
     "vmm_unmap": ("vmm_unmap(reserve_size=1GiB)", None),
 }
@@ -43,8 +46,13 @@ def test_compose_builds_every_name(name, cupy, scenarios, rng):
     import rmm_fences.unsafe as unsafe
 
     spec, cls = SPECS[name]
-    cls = cls or {"naive_cache": unsafe.NaiveCachingMemoryResource,
-                  "vmm_unmap": unsafe.UnmappingVmmMemoryResource}[name]
+    cls = (
+        cls
+        or {
+            "naive_cache": unsafe.NaiveCachingMemoryResource,
+            "vmm_unmap": unsafe.UnmappingVmmMemoryResource,
+        }[name]
+    )
     mr = compose(spec)
     assert isinstance(mr, cls)
     nbytes, count = 1 << 20, (1 << 20) // 4

@@ -79,8 +79,9 @@ def test_under_the_variable_a_gpu_test_without_a_device_fails(gate, no_device, m
     result = gate.runpytest_subprocess("-rA")
     # every gpu test fails in setup (an error); cpu tests pass or skip as before
     result.assert_outcomes(passed=1, skipped=1, errors=3)
-    result.stdout.fnmatch_lines([
-        "*gpu test skipped while RMM_FENCES_REQUIRE_GPU=1*needs a CUDA GPU: no CUDA device*"])
+    result.stdout.fnmatch_lines(
+        ["*gpu test skipped while RMM_FENCES_REQUIRE_GPU=1*needs a CUDA GPU: no CUDA device*"]
+    )
     assert result.ret != 0
 
 
@@ -90,10 +91,12 @@ def test_under_the_variable_a_run_time_skip_of_a_gpu_test_fails(gate, monkeypatc
     gate.makepyfile(test_sample_gpu=GPU_TESTS)
     result = gate.runpytest_subprocess("-rA")
     result.assert_outcomes(passed=2, failed=1, skipped=1, xfailed=1)
-    result.stdout.fnmatch_lines([
-        "*test_skips_at_run_time*",
-        "*gpu test skipped while RMM_FENCES_REQUIRE_GPU=1*compute-sanitizer is not installed*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_skips_at_run_time*",
+            "*gpu test skipped while RMM_FENCES_REQUIRE_GPU=1*compute-sanitizer is not installed*",
+        ]
+    )
     assert result.ret != 0
 
 
@@ -108,17 +111,24 @@ def test_run_time_skip_of_a_gpu_test_is_a_skip_without_the_variable(gate, monkey
 def test_under_the_variable_a_skipped_gpu_module_fails(gate, monkeypatch):
     monkeypatch.setenv("GATE_DEVICES", "1")
     monkeypatch.setenv("RMM_FENCES_REQUIRE_GPU", "1")
-    gate.makepyfile(test_other_gpu="""
+    gate.makepyfile(
+        test_other_gpu="""
         import pytest
         pytest.importorskip("a_module_that_is_not_installed")
         pytestmark = pytest.mark.gpu
 
         def test_never_collected():
             pass
-    """, test_cpu="def test_cpu():\n    pass\n")
+    """,
+        test_cpu="def test_cpu():\n    pass\n",
+    )
     result = gate.runpytest_subprocess()
-    result.stdout.fnmatch_lines([
-        "*test_other_gpu.py skipped while RMM_FENCES_REQUIRE_GPU=1*a_module_that_is_not_installed*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_other_gpu.py skipped while RMM_FENCES_REQUIRE_GPU=1"
+            "*a_module_that_is_not_installed*"
+        ]
+    )
     assert result.ret != 0
     monkeypatch.delenv("RMM_FENCES_REQUIRE_GPU")
     result = gate.runpytest_subprocess()

@@ -59,12 +59,15 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.parametrize("chain", ["pool", "sync_on_free", "tracking"])
 def test_array_outliving_its_stream_is_freed_safely(chain):
-    res = subprocess.run([sys.executable, "-P", "-c", CHILD, chain], capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-P", "-c", CHILD, chain], capture_output=True, text=True, timeout=300
+    )
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     report = json.loads(lines[-1]) if lines else None
-    print(f"\nCupyAllocator over {chain}, arrays outliving their stream: "
-          f"exit {res.returncode}, {report}")
+    print(
+        f"\nCupyAllocator over {chain}, arrays outliving their stream: "
+        f"exit {res.returncode}, {report}"
+    )
     assert res.returncode == 0, f"child exit {res.returncode}\n{res.stdout}\n{res.stderr[-4000:]}"
     assert report is not None and report["trials"] == 20
     assert report["bad"] == []  # every sum matched its float64 reference

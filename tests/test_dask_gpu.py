@@ -18,13 +18,15 @@ def test_local_cuda_cluster_with_the_plugin():
     from rmm_fences.dask import FencesPlugin, gather_stats
 
     workers = min(2, device_count())
-    with LocalCUDACluster(n_workers=workers, threads_per_worker=1) as cluster, \
-            Client(cluster) as client:
-        client.register_plugin(FencesPlugin("tracking(pool(cuda_async), on_hazard=record)",
-                                            cupy_allocator=True))
+    with (
+        LocalCUDACluster(n_workers=workers, threads_per_worker=1) as cluster,
+        Client(cluster) as client,
+    ):
+        client.register_plugin(
+            FencesPlugin("tracking(pool(cuda_async), on_hazard=record)", cupy_allocator=True)
+        )
         n, period = 1 << 29, 1_000_003  # 4 GiB of float64
-        x = da.arange(n, chunks=n // (8 * workers), dtype="float64").map_blocks(
-            cupy.asarray)
+        x = da.arange(n, chunks=n // (8 * workers), dtype="float64").map_blocks(cupy.asarray)
         values = x % period  # real, varying data; the exact sum is known in closed form
         got = float(values.sum().compute())
         full, rest = divmod(n, period)

@@ -21,16 +21,21 @@ def expected(chain, scenario):
     if chain.startswith("naive_cache"):
         return ({"corrupted"} if scenario == "cross_stream_reuse" else {"correct"}), set()
     if chain.startswith("tracking(naive_cache"):
-        must = {"freed_in_flight"} | ({"reuse_before_fence"} if scenario == "cross_stream_reuse"
-                                      else set())
+        must = {"freed_in_flight"} | (
+            {"reuse_before_fence"} if scenario == "cross_stream_reuse" else set()
+        )
         return ({"corrupted"} if scenario == "cross_stream_reuse" else {"correct"}), must
     return {"correct"}, set()
 
 
 def test_doctor_quick_json_matches_the_expected_matrix(tmp_path):
     path = tmp_path / "doctor.json"
-    res = subprocess.run([sys.executable, "-P", "-m", "rmm_fences", "doctor", "--quick",
-                          "--json", str(path)], capture_output=True, text=True, timeout=1200)
+    res = subprocess.run(
+        [sys.executable, "-P", "-m", "rmm_fences", "doctor", "--quick", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     print("\n" + res.stdout)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(path.read_text())
@@ -52,8 +57,9 @@ def test_a_cell_in_process_is_the_race_trial(scenario):
     from rmm_fences._cli.doctor import run_cell
 
     unsafe = run_cell("naive_cache(cuda)", scenario, 20, random_state=1)
-    fenced = run_cell("sync_on_free(naive_cache(cuda), mode=deferred)", scenario, 20,
-                      random_state=1)
+    fenced = run_cell(
+        "sync_on_free(naive_cache(cuda), mode=deferred)", scenario, 20, random_state=1
+    )
     assert unsafe.crashed is None and fenced.crashed is None
     assert (unsafe.corrupted > 0) == (scenario == "cross_stream_reuse")
     assert fenced.outcome == "correct" and fenced.free_us is not None

@@ -96,17 +96,33 @@ def suite(tmp_path):
 
 
 def harness(*args):
-    env = dict(os.environ, RMM_FENCES_DS_FAKE="1",
-               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # hypothesis & co.: a second per process
+    env = dict(
+        os.environ, RMM_FENCES_DS_FAKE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"
+    )  # hypothesis & co.: a second per process
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([sys.executable, str(RUN), *map(str, args)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(RUN), *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_regression_crash_and_not_run(suite, tmp_path):
     out = tmp_path / "out"
-    r = harness("--suite", f"fake={suite}", "--out", out, "--jobs", 4, "--timeout-file", 60,
-                "--chain", "pool=pool(cuda_async)")
+    r = harness(
+        "--suite",
+        f"fake={suite}",
+        "--out",
+        out,
+        "--jobs",
+        4,
+        "--timeout-file",
+        60,
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["fake"] is True and summary["exit_code"] == 1
@@ -115,9 +131,12 @@ def test_regression_crash_and_not_run(suite, tmp_path):
     assert base["counts"]["xfailed"] == 1 and not base["regressions"] and not base["crashes"]
 
     regressions = {r["test"]: r for r in pool["regressions"]}
-    assert set(regressions) == {"test_chain_fail.py::test_fails_with_chain",
-                                "test_segv.py::test_segv", "test_segv.py::test_after_1",
-                                "test_segv.py::test_after_2"}
+    assert set(regressions) == {
+        "test_chain_fail.py::test_fails_with_chain",
+        "test_segv.py::test_segv",
+        "test_segv.py::test_after_1",
+        "test_segv.py::test_after_2",
+    }
     failed = regressions["test_chain_fail.py::test_fails_with_chain"]
     assert (failed["baseline"], failed["outcome"]) == ("passed", "failed")
     assert "chain is set" in failed["message"]
@@ -134,8 +153,10 @@ def test_regression_crash_and_not_run(suite, tmp_path):
         assert unraisable["test"] == "test_unraisable.py::test_del"
         assert "boom in __del__" in unraisable["message"]
 
-    assert ("fake  pool: 6 passed, 1 failed, 1 skipped, 1 xfailed, 1 crashed, 2 not run; "
-            "4 regressions, 1 crashes, 1 unraisable, 0 hazards") in r.stdout
+    assert (
+        "fake  pool: 6 passed, 1 failed, 1 skipped, 1 xfailed, 1 crashed, 2 not run; "
+        "4 regressions, 1 crashes, 1 unraisable, 0 hazards"
+    ) in r.stdout
     assert "test_chain_fail.py::test_fails_with_chain: passed -> failed" in r.stdout
     assert "CRASH in test_segv.py::test_segv" in r.stdout
     md = (out / "summary.md").read_text()
@@ -152,8 +173,15 @@ def test_regression_crash_and_not_run(suite, tmp_path):
 
 def test_baseline_only_exits_zero(suite, tmp_path):
     out = tmp_path / "out"
-    r = harness("--suite", f"fake={suite}", "--out", out, "--only-baseline",
-                "--chain", "pool=pool(cuda_async)")
+    r = harness(
+        "--suite",
+        f"fake={suite}",
+        "--out",
+        out,
+        "--only-baseline",
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert list(json.loads((out / "summary.json").read_text())["results"]["fake"]) == ["baseline"]
     assert "fake  baseline: 10 passed, 0 failed, 1 skipped, 1 xfailed; 0 regressions" in r.stdout
@@ -163,8 +191,18 @@ def test_baseline_only_exits_zero(suite, tmp_path):
 def test_timeout_kills_and_names_the_test(suite, tmp_path):
     (suite / "test_hang.py").write_text(textwrap.dedent(HANG))
     out = tmp_path / "out"
-    r = harness("--suite", f"fake={suite}", "--out", out, "--files", "test_hang.py",
-                "--timeout-file", 4, "--chain", "pool=pool(cuda_async)")
+    r = harness(
+        "--suite",
+        f"fake={suite}",
+        "--out",
+        out,
+        "--files",
+        "test_hang.py",
+        "--timeout-file",
+        4,
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     [crash] = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]["crashes"]
     assert crash["test"] == "test_hang.py::test_hang" and crash["reason"].startswith("timeout")
@@ -182,16 +220,27 @@ def test_deadline_leaves_files_for_resume(suite, tmp_path):
     (suite / "test_slow.py").write_text(textwrap.dedent(SLOW))
     out = tmp_path / "out"
     files = ("--files", "test_pass.py", "test_slow.py")
-    r = harness("--suite", f"fake={suite}", "--out", out, *files, "--only-baseline",
-                "--jobs", 2, "--deadline", 6, "--cupy-cache", tmp_path / "kernels")
+    r = harness(
+        "--suite",
+        f"fake={suite}",
+        "--out",
+        out,
+        *files,
+        "--only-baseline",
+        "--jobs",
+        2,
+        "--deadline",
+        6,
+        "--cupy-cache",
+        tmp_path / "kernels",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["baseline"]
     assert entry["files_pending"] == ["test_slow.py"] and entry["counts"]["passed"] == 3
     assert not (out / "fake" / "baseline" / "test_slow.log").exists()
     assert "1 file(s) not finished" in r.stdout
 
-    again = harness("--suite", f"fake={suite}", "--out", out, *files, "--only-baseline",
-                    "--resume")
+    again = harness("--suite", f"fake={suite}", "--out", out, *files, "--only-baseline", "--resume")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "--resume: 1 file(s) already done, 1 to run" in again.stderr
     entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["baseline"]
@@ -208,8 +257,12 @@ def _load_run():
 def test_default_plan(tmp_path):
     run = _load_run()
     cupy = tmp_path / "cupy"
-    for f in ("cupy_tests/core_tests/test_scan.py", "cupy_tests/math_tests/test_sumprod.py",
-              "cupy_tests/sorting_tests/test_sort.py", "cupy_tests/sorting_tests/__init__.py"):
+    for f in (
+        "cupy_tests/core_tests/test_scan.py",
+        "cupy_tests/math_tests/test_sumprod.py",
+        "cupy_tests/sorting_tests/test_sort.py",
+        "cupy_tests/sorting_tests/__init__.py",
+    ):
         (cupy / f).parent.mkdir(parents=True, exist_ok=True)
         (cupy / f).write_text("")
     rmm = tmp_path / "rmm"
@@ -219,9 +272,11 @@ def test_default_plan(tmp_path):
     args = run.parse_args(["--suite", f"rmm={rmm}", "--suite", f"cupy={cupy}", "--out", "x"])
     suites, jobs = run.plan(args)
     assert suites["rmm"]["files"] == ["test_rmm.py"]
-    assert suites["cupy"]["files"] == ["cupy_tests/math_tests/test_sumprod.py",
-                                       "cupy_tests/core_tests/test_scan.py",
-                                       "cupy_tests/sorting_tests/test_sort.py"]
+    assert suites["cupy"]["files"] == [
+        "cupy_tests/math_tests/test_sumprod.py",
+        "cupy_tests/core_tests/test_scan.py",
+        "cupy_tests/sorting_tests/test_sort.py",
+    ]
     assert "cupy_tests/cuda_tests/test_graph.py" in suites["cupy"]["missing"]
     chains = {(j["suite"], j["chain"]) for j in jobs}
     assert len(chains) == 5 + 9
@@ -230,7 +285,11 @@ def test_default_plan(tmp_path):
     assert [j["chain"] for j in jobs[:4]] == ["baseline"] * 4  # every baseline first
     pool = next(j for j in jobs if j["chain"] == "pool+rmm_cupy_allocator")
     assert pool["env"] == {"RMM_FENCES_DS_CHAIN": "pool(cuda_async)", "RMM_FENCES_DS_CUPY": "rmm"}
-    _, only = run.plan(run.parse_args(["--suite", f"cupy={cupy}", "--out", "x",
-                                       "--chains", "sof_stream"]))
-    assert {j["chain"] for j in only} == {"baseline", "sof_stream+rmm_cupy_allocator",
-                                          "sof_stream+CupyAllocator"}
+    _, only = run.plan(
+        run.parse_args(["--suite", f"cupy={cupy}", "--out", "x", "--chains", "sof_stream"])
+    )
+    assert {j["chain"] for j in only} == {
+        "baseline",
+        "sof_stream+rmm_cupy_allocator",
+        "sof_stream+CupyAllocator",
+    }

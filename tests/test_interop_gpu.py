@@ -73,8 +73,9 @@ def test_pytorch_through_rmm_allocator():
         print("torch ok", mr.stats)
         """
     )
-    proc = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "torch ok" in proc.stdout
 
@@ -85,8 +86,9 @@ def test_readme_example_runs():
 
     readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
-    proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     total = float(proc.stdout.split()[0])
     assert total == float(sum(range(1 << 20)))  # exact in float64

@@ -21,9 +21,18 @@ from rmm_fences.unsafe import NaiveCachingMemoryResource
 
 def test_public_names():
     assert rmm_fences.__all__ == [
-        "AllocationRecord", "HazardError", "HazardRecord", "HazardTrackingResourceAdaptor",
-        "HazardWarning", "StreamOrderedPoolMemoryResource", "SyncOnFreeResourceAdaptor",
-        "__version__", "compose", "install", "parse_spec"]
+        "AllocationRecord",
+        "HazardError",
+        "HazardRecord",
+        "HazardTrackingResourceAdaptor",
+        "HazardWarning",
+        "StreamOrderedPoolMemoryResource",
+        "SyncOnFreeResourceAdaptor",
+        "__version__",
+        "compose",
+        "install",
+        "parse_spec",
+    ]
     assert issubclass(HazardTrackingResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(StreamOrderedPoolMemoryResource, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(SyncOnFreeResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
@@ -33,13 +42,23 @@ def test_public_names():
 def test_typed_stubs_are_installed():
     lib = pathlib.Path(rmm_fences.__file__).parent / "_lib"
     stub = (lib / "memory_resource.pyi").read_text()
-    for name in ("class SyncOnFreeResourceAdaptor", "class NaiveCachingMemoryResource",
-                 "class StreamOrderedPoolMemoryResource",
-                 "class HazardTrackingResourceAdaptor", "class UnmappingVmmMemoryResource"):
+    for name in (
+        "class SyncOnFreeResourceAdaptor",
+        "class NaiveCachingMemoryResource",
+        "class StreamOrderedPoolMemoryResource",
+        "class HazardTrackingResourceAdaptor",
+        "class UnmappingVmmMemoryResource",
+    ):
         assert name in stub
     bench_stub = (lib / "_bench.pyi").read_text()
-    for name in ("def alloc_free_ns", "def fence_call_ns", "def random_allocations",
-                 "def threaded_alloc_free", "def threaded_stream_queries", "def stress"):
+    for name in (
+        "def alloc_free_ns",
+        "def fence_call_ns",
+        "def random_allocations",
+        "def threaded_alloc_free",
+        "def threaded_stream_queries",
+        "def stress",
+    ):
         assert name in bench_stub
         assert name not in stub
     assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
@@ -48,8 +67,14 @@ def test_typed_stubs_are_installed():
 def test_the_resources_module_holds_no_benchmark_loop():
     from rmm_fences._lib import _bench, memory_resource
 
-    for name in ("alloc_free_ns", "fence_call_ns", "random_allocations", "stress",
-                 "threaded_alloc_free", "threaded_stream_queries"):
+    for name in (
+        "alloc_free_ns",
+        "fence_call_ns",
+        "random_allocations",
+        "stress",
+        "threaded_alloc_free",
+        "threaded_stream_queries",
+    ):
         assert not hasattr(memory_resource, name)
         assert callable(getattr(_bench, name))
     assert rmm_fences.bench.alloc_free_ns is _bench.alloc_free_ns
@@ -96,8 +121,16 @@ def test_max_pending_bytes_type():
 
 @pytest.mark.parametrize(
     "text, nbytes",
-    [(4096, 4096), ("4096", 4096), ("1KiB", 1024), ("1 MiB", 2**20), ("2GB", 2 * 10**9),
-     ("1.5GiB", 3 * 2**29), ("0", 0), ("8b", 8)],
+    [
+        (4096, 4096),
+        ("4096", 4096),
+        ("1KiB", 1024),
+        ("1 MiB", 2**20),
+        ("2GB", 2 * 10**9),
+        ("1.5GiB", 3 * 2**29),
+        ("0", 0),
+        ("8b", 8),
+    ],
 )
 def test_parse_bytes(text, nbytes):
     assert parse_bytes(text, "size") == nbytes
@@ -120,11 +153,13 @@ def test_pool_upstream_must_be_a_resource(bad):
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"initial_pool_size": -1}, "initial_pool_size"),
-     ({"initial_pool_size": "big"}, "initial_pool_size"),
-     ({"maximum_pool_size": "-1GiB"}, "maximum_pool_size"),
-     ({"maximum_pool_size": "lots"}, "maximum_pool_size"),
-     ({"initial_pool_size": "2GiB", "maximum_pool_size": "1GiB"}, "maximum_pool_size")],
+    [
+        ({"initial_pool_size": -1}, "initial_pool_size"),
+        ({"initial_pool_size": "big"}, "initial_pool_size"),
+        ({"maximum_pool_size": "-1GiB"}, "maximum_pool_size"),
+        ({"maximum_pool_size": "lots"}, "maximum_pool_size"),
+        ({"initial_pool_size": "2GiB", "maximum_pool_size": "1GiB"}, "maximum_pool_size"),
+    ],
 )
 def test_pool_bad_sizes_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -155,7 +190,8 @@ def test_the_installed_package_holds_no_test_or_benchmark_source():
 
 def test_the_vmm_child_runs_from_the_tests_directory():
     child = pathlib.Path(__file__).resolve().parent / "vmm_child.py"
-    res = subprocess.run([sys.executable, "-P", str(child)], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-P", str(child)], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 2, res.stdout + res.stderr
     assert "tests/vmm_child.py crash" in res.stderr

@@ -67,8 +67,11 @@ class PoolModel(RuleBasedStateMachine):
         self.freed = kept
 
     # --- rules ---------------------------------------------------------------------------
-    @rule(nbytes=st.integers(0, 300_000), stream=STREAMS,
-          alignment=st.sampled_from([256, 256, 512, 4096]))
+    @rule(
+        nbytes=st.integers(0, 300_000),
+        stream=STREAMS,
+        alignment=st.sampled_from([256, 256, 512, 4096]),
+    )
     def allocate(self, nbytes, stream, alignment):
         try:
             ptr = self.p.allocate(nbytes, stream, alignment)
@@ -189,7 +192,9 @@ class PoolModel(RuleBasedStateMachine):
 
 TestPoolModel = PoolModel.TestCase
 TestPoolModel.settings = settings(
-    max_examples=600, stateful_step_count=40, deadline=None,
+    max_examples=600,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -297,7 +302,7 @@ def test_reclaim_keeps_the_fence_of_a_block_freed_during_its_sync():
 
 def test_release_keeps_a_chunk_whose_block_was_freed_during_its_sync():
     p = HostStreamOrderedPool(1 << 20)  # chunk 1: 1 MiB
-    (first, _), = p.chunks
+    ((first, _),) = p.chunks
     h = p.allocate(256 << 10, stream=3)
     x = p.allocate(1 << 20, stream=2)  # a miss: stream 3 is asked to fence; chunk 2 grows
     p.deallocate(x, 1 << 20, stream=2)
@@ -362,7 +367,7 @@ def test_oracle_catches_two_streams_with_one_identity():
 def test_growth_allocates_on_the_requesting_stream_and_fences_the_rest():
     p = HostStreamOrderedPool()
     a = p.allocate(4096, stream=1)  # grows
-    (kind, chunk, size, on, clock), = p.upstream_calls
+    ((kind, chunk, size, on, clock),) = p.upstream_calls
     assert kind == "allocate" and on == 1, f"chunk allocated on stream {on}, not 1"
     b = p.allocate(4096, stream=2)  # from the same chunk
     assert chunk <= b < chunk + size and b != a
@@ -376,7 +381,7 @@ def test_growth_during_capture_uses_the_pools_own_stream():
     p = HostStreamOrderedPool()
     p.begin_capture(1)
     a = p.allocate(4096, stream=1)
-    (kind, _, _, on, clock), = p.upstream_calls
+    ((kind, _, _, on, clock),) = p.upstream_calls
     assert on == HOST_PRIVATE_STREAM, f"growth in capture on stream {on}"
     assert any(s == HOST_PRIVATE_STREAM and c >= clock for s, c in p.stream_syncs)
     p.end_capture(1)
@@ -387,12 +392,14 @@ def test_growth_during_capture_uses_the_pools_own_stream():
 
 def test_initial_chunk_and_release_use_the_pools_own_stream():
     p = HostStreamOrderedPool(1 << 20)
-    (_, chunk, _, on, _), = p.upstream_calls
+    ((_, chunk, _, on, _),) = p.upstream_calls
     assert on == HOST_PRIVATE_STREAM and p.stream_syncs
     a = p.allocate(4096, stream=2)
     p.deallocate(a, 4096, stream=2)
     assert p.release() == 1 << 20
-    assert p.upstream_calls[-1][0] == "deallocate" and p.upstream_calls[-1][3] == HOST_PRIVATE_STREAM
+    assert (
+        p.upstream_calls[-1][0] == "deallocate" and p.upstream_calls[-1][3] == HOST_PRIVATE_STREAM
+    )
     assert p.violations == []
 
 

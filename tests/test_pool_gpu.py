@@ -22,8 +22,10 @@ def test_cross_stream_reuse_while_a_slow_kernel_reads(scenarios, rng):
     pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), "4MiB", "4MiB")
     res = scenarios.race(pool, trials=200, rng=rng)
     stats = pool.stats
-    print(f"\npool race: {res.corrupted}/{res.trials} corrupted, same address "
-          f"{res.same_address}, median free {res.median_free_us:.1f} us, {stats}")
+    print(
+        f"\npool race: {res.corrupted}/{res.trials} corrupted, same address "
+        f"{res.same_address}, median free {res.median_free_us:.1f} us, {stats}"
+    )
     assert res.same_address == res.trials  # the in-flight block was reused by s2 every time
     assert res.corrupted == 0
     # A stream's last exact-size frees are fenced only once another stream wanted its blocks:
@@ -250,8 +252,12 @@ def test_growth_over_a_shared_stream_ordered_upstream(cupy, scenarios, slow_kern
     corrupted = 0
     for trial in range(20):
         x = upstream.allocate(nbytes, rs(other))
-        slow_write((scenarios.grid_for(count),), (256,),
-                   (x, np.uint64(count), spin, np.uint32(0xDEAD0000 + trial)), stream=other)
+        slow_write(
+            (scenarios.grid_for(count),),
+            (256,),
+            (x, np.uint64(count), spin, np.uint32(0xDEAD0000 + trial)),
+            stream=other,
+        )
         upstream.deallocate(x, nbytes, rs(other))  # freed while the kernel has yet to write
         p = pool.allocate(nbytes, rs(s))  # grows: the upstream can only give x's bytes
         assert pool.stats["upstream_growths"] == trial + 1
@@ -269,8 +275,7 @@ def test_growth_over_a_shared_stream_ordered_upstream(cupy, scenarios, slow_kern
     assert corrupted == 0
 
 
-def test_stream_forked_into_a_capture_does_not_get_its_parents_block(cupy, scenarios,
-                                                                      slow_kernels):
+def test_stream_forked_into_a_capture_does_not_get_its_parents_block(cupy, scenarios, slow_kernels):
     """In one capture, the parent frees a block that its slow check still reads; a stream
     forked into the capture (event record/wait) allocates the same size and fills it in a
     parallel branch. Sharing one cache (one capture id) gave the branch the parent's block
@@ -289,8 +294,12 @@ def test_stream_forked_into_a_capture_does_not_get_its_parents_block(cupy, scena
     scenarios.fill(a, count, pattern=21, stream=parent)
     fork.record(parent)
     branch.wait_event(fork)  # the branch joins the capture
-    slow_check((scenarios.grid_for(count),), (256,),
-               (a, np.uint64(count), spin, np.uint32(21), errors), stream=parent)
+    slow_check(
+        (scenarios.grid_for(count),),
+        (256,),
+        (a, np.uint64(count), spin, np.uint32(21), errors),
+        stream=parent,
+    )
     pool.deallocate(a, nbytes, rs(parent))
     b = pool.allocate(nbytes, rs(branch))  # a parallel branch
     scenarios.fill(b, count, pattern=22, stream=branch)

@@ -27,7 +27,12 @@ def test_imports_without_a_gpu():
 
 @pytest.mark.parametrize(
     "stream, handle",
-    [(None, 0), (ProtocolStream(0x5000), 0x5000), (StreamHandle(0x77), 0x77), (PtrStream(), 0x1234)],
+    [
+        (None, 0),
+        (ProtocolStream(0x5000), 0x5000),
+        (StreamHandle(0x77), 0x77),
+        (PtrStream(), 0x1234),
+    ],
 )
 def test_stream_protocols(stream, handle):
     assert stream_handle(stream) == handle
@@ -58,9 +63,13 @@ class FakeDeviceArray:
     """Looks like a device array to the validation (no CUDA call is made before it passes)."""
 
     def __init__(self, shape, typestr, ptr=0, strides=None):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
-                                          "data": (ptr, False), "strides": strides,
-                                          "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (ptr, False),
+            "strides": strides,
+            "version": 3,
+        }
 
 
 @pytest.mark.parametrize("typestr", ["<c8", "|b1", "<f2", "|V8"])

@@ -22,13 +22,16 @@ SIZES = (0, 1, 1023, (1 << 20) + 7, 64 << 20)
 CHAINS = {
     "cuda": lambda: rmm.mr.CudaMemoryResource(),
     "cuda_async": lambda: rmm.mr.CudaAsyncMemoryResource(),
-    "rmm_pool": lambda: rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(),
-                                                  initial_pool_size=1 << 28),
+    "rmm_pool": lambda: rmm.mr.PoolMemoryResource(
+        rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 28
+    ),
     "rmm_fences_pool": lambda: StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource()),
     **{
         f"sync_on_free_{mode}(naive_cache)": (
             lambda mode=mode: SyncOnFreeResourceAdaptor(
-                NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode=mode))
+                NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode=mode
+            )
+        )
         for mode in ("device", "stream", "deferred")
     },
 }
@@ -83,8 +86,7 @@ def test_sum_and_max_match_the_reference(cupy, reduce_mod, rng, chain, dtype):
         out = cupy.full(1, poison, dtype=dtype)
         x = fresh(cupy, n, dtype, rng)
         total = reduce_mod.device_sum(x, mr=mr, stream=stream)
-        reduce_mod.device_reduce(x, out, "max", np.array(lowest, dtype=dtype), mr=mr,
-                                 stream=stream)
+        reduce_mod.device_reduce(x, out, "max", np.array(lowest, dtype=dtype), mr=mr, stream=stream)
         stream.synchronize()
         check_sum(total.item(), x, dtype)
         assert total.shape == () and total.dtype == np.add.reduce(np.zeros(1, dtype)).dtype
@@ -100,8 +102,9 @@ def test_sum_and_max_match_the_reference(cupy, reduce_mod, rng, chain, dtype):
         assert stats["deallocations"] == stats["allocations"] and stats["rejected_frees"] == 0
 
 
-@pytest.mark.parametrize("chain", ["rmm_fences_pool", "sync_on_free_deferred(naive_cache)",
-                                   "tracking(rmm_fences_pool)"])
+@pytest.mark.parametrize(
+    "chain", ["rmm_fences_pool", "sync_on_free_deferred(naive_cache)", "tracking(rmm_fences_pool)"]
+)
 def test_1000_back_to_back_reduces_on_two_streams(cupy, reduce_mod, rng, chain):
     mr = make_chain(chain)
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
@@ -110,7 +113,7 @@ def test_1000_back_to_back_reduces_on_two_streams(cupy, reduce_mod, rng, chain):
     outs = cupy.full(calls, cupy.nan, dtype=cupy.float32)
     cupy.cuda.Device().synchronize()
     for i in range(calls):
-        reduce_mod.device_sum(data[i], outs[i:i + 1], mr=mr, stream=streams[i % 2])
+        reduce_mod.device_sum(data[i], outs[i : i + 1], mr=mr, stream=streams[i % 2])
     for s in streams:
         s.synchronize()
     ref = data.astype(cupy.float64).sum(axis=1)
@@ -125,8 +128,9 @@ def test_the_tracker_sees_the_temp_storage_freed_in_flight(cupy, scenarios, redu
     """The control of the tracker's empty reports above: over the naive cache, the seed's
     free of the temp storage right after the launch, behind a slow kernel on the same stream,
     is reported as freed_in_flight (and the sum is still right: same-stream reuse only)."""
-    mr = HazardTrackingResourceAdaptor(NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
-                                       on_hazard="record")
+    mr = HazardTrackingResourceAdaptor(
+        NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), on_hazard="record"
+    )
     stream = cupy.cuda.Stream(non_blocking=True)
     x = fresh(cupy, (1 << 20) + 7, "float64", rng)
     busy = fresh(cupy, 1 << 16, "float32", rng)
@@ -154,12 +158,26 @@ def test_temp_storage_serves_a_cuda_compute_scan(cupy, rng):
     init = np.zeros(1, dtype=np.float64)
     scan = cc.make_inclusive_scan(d_in=x, d_out=out, op=cc.OpKind.PLUS, init_value=init)
     cc_stream = StreamHandle(stream.ptr)
-    nbytes = scan(temp_storage=None, d_in=x, d_out=out, op=cc.OpKind.PLUS, init_value=init,
-                  num_items=x.size, stream=cc_stream)
+    nbytes = scan(
+        temp_storage=None,
+        d_in=x,
+        d_out=out,
+        op=cc.OpKind.PLUS,
+        init_value=init,
+        num_items=x.size,
+        stream=cc_stream,
+    )
     with temp_storage(nbytes, mr=mr, stream=stream) as tmp:
         assert tmp.nbytes == nbytes
-        scan(temp_storage=tmp, d_in=x, d_out=out, op=cc.OpKind.PLUS, init_value=init,
-             num_items=x.size, stream=cc_stream)
+        scan(
+            temp_storage=tmp,
+            d_in=x,
+            d_out=out,
+            op=cc.OpKind.PLUS,
+            init_value=init,
+            num_items=x.size,
+            stream=cc_stream,
+        )
     stream.synchronize()
     np.testing.assert_allclose(out.get(), np.cumsum(x.get()), rtol=1e-9)
     assert mr.stats["current_bytes"] == 0
@@ -184,8 +202,12 @@ def test_streams_of_every_kind(cupy, reduce_mod, rng):
     dev.set_current()
     x = fresh(cupy, 4099, "float64", rng)
     ref = x.sum().item()
-    streams = [None, cupy.cuda.Stream(non_blocking=True), rmm.pylibrmm.stream.Stream(),
-               dev.create_stream()]
+    streams = [
+        None,
+        cupy.cuda.Stream(non_blocking=True),
+        rmm.pylibrmm.stream.Stream(),
+        dev.create_stream(),
+    ]
     for s in streams:
         got = reduce_mod.device_sum(x, stream=s)
         cupy.cuda.Device().synchronize()
@@ -198,7 +220,8 @@ def test_cupy_allocator_serves_cupy_sum_with_cub(cupy, rng):
     from rmm_fences.allocators.cupy import CupyAllocator
 
     stats = rmm.mr.StatisticsResourceAdaptor(
-        StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource()))
+        StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
+    )
     alloc = CupyAllocator(stats)
     saved = (_accelerator.get_reduction_accelerators(), _accelerator.get_routine_accelerators())
     _accelerator.set_reduction_accelerators(["cub"])

@@ -18,11 +18,14 @@ pytestmark = pytest.mark.gpu
 RESOURCES = {
     "pool": lambda: StreamOrderedPoolMemoryResource(rmm.mr.CudaAsyncMemoryResource()),
     "sync_on_free_deferred": lambda: SyncOnFreeResourceAdaptor(
-        rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), 1 << 24), mode="deferred"),
+        rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), 1 << 24), mode="deferred"
+    ),
     "sync_on_free_stream": lambda: SyncOnFreeResourceAdaptor(
-        rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), 1 << 24), mode="stream"),
+        rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), 1 << 24), mode="stream"
+    ),
     "tracker": lambda: HazardTrackingResourceAdaptor(
-        StreamOrderedPoolMemoryResource(rmm.mr.CudaAsyncMemoryResource()), on_hazard="raise"),
+        StreamOrderedPoolMemoryResource(rmm.mr.CudaAsyncMemoryResource()), on_hazard="raise"
+    ),
     "naive_cache": lambda: NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
 }
 
@@ -54,9 +57,12 @@ def test_stream_none_raises_type_error_like_rmm(mr):
 
 def test_every_stream_type_rmm_accepts(mr, cupy):
     # rmm's resources take an rmm Stream; rmm_fences' take that and any stream object.
-    streams = [rmm.pylibrmm.stream.DEFAULT_STREAM, rmm.pylibrmm.stream.Stream(),
-               rmm.pylibrmm.stream.PER_THREAD_DEFAULT_STREAM,
-               rmm.pylibrmm.stream.LEGACY_DEFAULT_STREAM]
+    streams = [
+        rmm.pylibrmm.stream.DEFAULT_STREAM,
+        rmm.pylibrmm.stream.Stream(),
+        rmm.pylibrmm.stream.PER_THREAD_DEFAULT_STREAM,
+        rmm.pylibrmm.stream.LEGACY_DEFAULT_STREAM,
+    ]
     if not isinstance(mr, NaiveCachingMemoryResource):  # inherits rmm's allocate: Stream only
         streams.append(cupy.cuda.Stream())
     for s in streams:

@@ -68,8 +68,12 @@ CHILD = textwrap.dedent(
 
 
 def run_stress(chain):
-    res = subprocess.run([sys.executable, "-P", "-c", CHILD, chain, str(SECONDS), str(THREADS)],
-                         capture_output=True, text=True, timeout=SECONDS * 3 + 240)
+    res = subprocess.run(
+        [sys.executable, "-P", "-c", CHILD, chain, str(SECONDS), str(THREADS)],
+        capture_output=True,
+        text=True,
+        timeout=SECONDS * 3 + 240,
+    )
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     stats = json.loads(lines[-1]) if lines else None
     print(f"\nstress {chain}, {THREADS} threads, {SECONDS} s: exit {res.returncode}, {stats}")
@@ -103,17 +107,20 @@ def test_control_naive_cache_alone_is_seen_corrupting():
     assert stats["errors"] > 0, stats
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"seconds": 0.0}, "seconds must be positive and finite, got 0.0"),
-    ({"seconds": float("nan")}, "seconds must be positive and finite"),
-    ({"seconds": float("inf")}, "seconds must be positive and finite"),
-    ({"max_bytes": 255}, "max_bytes must be at least 256, got 255"),
-    ({"max_bytes": "1MB?"}, "max_bytes"),
-    ({"fill_kernel": 0}, "fill_kernel must be a non-null handle"),
-    ({"check_kernel": 0}, "check_kernel must be a non-null handle"),
-    ({"errors": 0}, "errors must be a non-null handle or device address"),
-    ({"streams": []}, "streams must hold at least one stream"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"seconds": 0.0}, "seconds must be positive and finite, got 0.0"),
+        ({"seconds": float("nan")}, "seconds must be positive and finite"),
+        ({"seconds": float("inf")}, "seconds must be positive and finite"),
+        ({"max_bytes": 255}, "max_bytes must be at least 256, got 255"),
+        ({"max_bytes": "1MB?"}, "max_bytes"),
+        ({"fill_kernel": 0}, "fill_kernel must be a non-null handle"),
+        ({"check_kernel": 0}, "check_kernel must be a non-null handle"),
+        ({"errors": 0}, "errors must be a non-null handle or device address"),
+        ({"streams": []}, "streams must hold at least one stream"),
+    ],
+)
 def test_native_stress_rejects_bad_arguments_naming_them(kwargs, match):
     import rmm
 
@@ -125,11 +132,14 @@ def test_native_stress_rejects_bad_arguments_naming_them(kwargs, match):
         stress(rmm.mr.CudaMemoryResource(), **args)
 
 
-@pytest.mark.parametrize(("streams", "error", "match"), [
-    (0, ValueError, "streams must be at least 1, got 0"),
-    (True, TypeError, "streams must be a number of streams or a list of streams, got bool"),
-    ("8", TypeError, "got str"),
-])
+@pytest.mark.parametrize(
+    ("streams", "error", "match"),
+    [
+        (0, ValueError, "streams must be at least 1, got 0"),
+        (True, TypeError, "streams must be a number of streams or a list of streams, got bool"),
+        ("8", TypeError, "got str"),
+    ],
+)
 def test_public_stress_rejects_bad_streams_naming_them(streams, error, match):
     import rmm
 

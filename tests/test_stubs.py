@@ -37,7 +37,7 @@ def module_api():
                     continue  # rmm's members are rmm's stub's business
                 for member, value in vars(klass).items():
                     if _public(member):
-                        members[member] = ("method" if callable(value) else "property")
+                        members[member] = "method" if callable(value) else "property"
             classes[name] = members
         elif callable(obj):
             functions.add(name)
@@ -52,14 +52,16 @@ def stub_api():
     classes, functions, typed_dicts = {}, set(), {}
     for node in STUB.body:
         if isinstance(node, ast.ClassDef) and _is_typed_dict(node):
-            typed_dicts[node.name] = [n.target.id for n in node.body
-                                      if isinstance(n, ast.AnnAssign)]
+            typed_dicts[node.name] = [
+                n.target.id for n in node.body if isinstance(n, ast.AnnAssign)
+            ]
         elif isinstance(node, ast.ClassDef):
             members = {}
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and _public(item.name):
-                    is_property = any(isinstance(d, ast.Name) and d.id == "property"
-                                      for d in item.decorator_list)
+                    is_property = any(
+                        isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list
+                    )
                     members[item.name] = "property" if is_property else "method"
             classes[node.name] = members
         elif isinstance(node, ast.FunctionDef) and _public(node.name):
@@ -72,9 +74,13 @@ def test_the_stub_lists_the_public_classes_and_functions():
     stub_classes, stub_functions, _ = stub_api()
     assert sorted(classes) == sorted(stub_classes)
     assert functions == stub_functions
-    assert {"SyncOnFreeResourceAdaptor", "StreamOrderedPoolMemoryResource",
-            "HazardTrackingResourceAdaptor", "NaiveCachingMemoryResource",
-            "UnmappingVmmMemoryResource"} <= set(classes)
+    assert {
+        "SyncOnFreeResourceAdaptor",
+        "StreamOrderedPoolMemoryResource",
+        "HazardTrackingResourceAdaptor",
+        "NaiveCachingMemoryResource",
+        "UnmappingVmmMemoryResource",
+    } <= set(classes)
 
 
 @pytest.mark.parametrize("name", sorted(module_api()[0]))
@@ -103,9 +109,11 @@ def _pxd_structs():
 
 @pytest.mark.parametrize(
     "typed_dict, struct, extra",
-    [("SyncOnFreeStats", "sync_on_free_stats", []),
-     ("StreamOrderedPoolStats", "stream_ordered_pool_stats", []),
-     ("HazardTrackerStats", "hazard_tracker_stats", ["pending_checks"])],
+    [
+        ("SyncOnFreeStats", "sync_on_free_stats", []),
+        ("StreamOrderedPoolStats", "stream_ordered_pool_stats", []),
+        ("HazardTrackerStats", "hazard_tracker_stats", ["pending_checks"]),
+    ],
 )
 def test_the_stats_typed_dicts_follow_the_cpp_counters(typed_dict, struct, extra):
     assert stub_api()[2][typed_dict] == _pxd_structs()[struct] + extra

@@ -52,7 +52,7 @@ class SyncOnFreeModel(RuleBasedStateMachine):
     def absorb(self):
         """Check every block the upstream got back since the last step."""
         releases = self.h.releases
-        for ptr, nbytes, _stream, work_done in releases[self.seen:]:
+        for ptr, nbytes, _stream, work_done in releases[self.seen :]:
             assert work_done, "a block reached the upstream before the work using it ended"
             assert ptr in self.pending, "the upstream got a block that was not pending"
             num, size = self.pending.pop(ptr)
@@ -195,7 +195,9 @@ class SyncOnFreeModel(RuleBasedStateMachine):
 
 TestSyncOnFreeModel = SyncOnFreeModel.TestCase
 TestSyncOnFreeModel.settings = settings(
-    max_examples=300, stateful_step_count=50, deadline=None,
+    max_examples=300,
+    stateful_step_count=50,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -277,6 +279,8 @@ def test_capture_on_a_stream_never_seen_waits_for_a_device_sync():
     assert h.pending_count == 1  # identity unknown at the free: not armed
     h.flush()  # a device sync covers it
     assert h.pending_count == 0 and h.releases[-1][0] == ptr and h.releases[-1][3]
+
+
 @pytest.mark.parametrize("mode", ["device", "stream"])
 def test_synchronizing_modes_release_at_once(mode):
     h = HostSyncOnFree(mode)
@@ -577,8 +581,9 @@ def test_null_and_zero_size_pass_through_untracked():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_threads_race_frees_polls_flushes_captures_and_faults(mode):
-    h = HostSyncOnFree(mode, max_pending_bytes=64 << 10 if mode == "deferred" else None,
-                       upstream_limit=4 << 20)
+    h = HostSyncOnFree(
+        mode, max_pending_bytes=64 << 10 if mode == "deferred" else None, upstream_limit=4 << 20
+    )
     r = h.run_threads(workers=4, iterations=3000, random_state=7)
     assert r["frees"] > 1000
     assert r["unsafe_releases"] == 0, r

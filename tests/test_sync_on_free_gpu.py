@@ -25,20 +25,25 @@ def rmm_stream(cupy_stream):
 def test_race_corrupts_through_the_naive_cache(scenarios, rng):
     mr = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
     res = scenarios.race(mr, trials=50, rng=rng)
-    print(f"\nnaive_cache(cuda): {res.corrupted}/{res.trials} corrupted ({res.rate:.0%}), "
-          f"same address {res.same_address}/{res.trials}")
+    print(
+        f"\nnaive_cache(cuda): {res.corrupted}/{res.trials} corrupted ({res.rate:.0%}), "
+        f"same address {res.same_address}/{res.trials}"
+    )
     assert res.same_address == res.trials  # the cache handed the block to s2 at once
     assert res.corrupted >= 1, "the hazard was not observed"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sync_on_free_fixes_the_race(scenarios, rng, mode):
-    mr = SyncOnFreeResourceAdaptor(NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
-                                   mode=mode)
+    mr = SyncOnFreeResourceAdaptor(
+        NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode=mode
+    )
     res = scenarios.race(mr, trials=200, rng=rng)
-    print(f"\nsync_on_free(naive_cache(cuda), mode={mode}): {res.corrupted}/{res.trials} "
-          f"corrupted, median free {res.median_free_us:.1f} us, "
-          f"same address {res.same_address}")
+    print(
+        f"\nsync_on_free(naive_cache(cuda), mode={mode}): {res.corrupted}/{res.trials} "
+        f"corrupted, median free {res.median_free_us:.1f} us, "
+        f"same address {res.same_address}"
+    )
     assert res.corrupted == 0
     mr.flush()
     assert mr.pending_count == 0 and mr.pending_bytes == 0
@@ -222,8 +227,7 @@ def _capture_elsewhere(cupy, scenarios, started, release, result):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, scenarios, rng,
-                                                                        mode):
+def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, scenarios, rng, mode):
     """While another thread holds a global-mode capture, CUDA queries and syncs from this
     thread fail unless made in relaxed mode. A failure must never release a block: free a block
     read by a slow kernel, let another stream take the next block of that size and overwrite
@@ -259,14 +263,15 @@ def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, sc
 
     started, release, result = threading.Event(), threading.Event(), {}
     capturer = threading.Thread(
-        target=_capture_elsewhere, args=(cupy, scenarios, started, release, result))
+        target=_capture_elsewhere, args=(cupy, scenarios, started, release, result)
+    )
     capturer.start()
     assert started.wait(60)
     taken = []
     try:
         assert "error" not in result, f"could not begin the capture: {result.get('error')!r}"
         for i, a in enumerate(blocks):
-            scenarios.slow_checksum(a, count, spin_ms, outs[i:i + 1], s1)
+            scenarios.slow_checksum(a, count, spin_ms, outs[i : i + 1], s1)
             mr.deallocate(a, nbytes, r1)
             b = mr.allocate(nbytes, r2)
             scenarios.fill(b, count, seeds[i], s2)
@@ -277,11 +282,12 @@ def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, sc
     s1.synchronize()
     s2.synchronize()
     got = outs.get()
-    corrupted = sum(
-        not np.isclose(g, r, rtol=1e-9, atol=1e-6) for g, r in zip(got, refs))
+    corrupted = sum(not np.isclose(g, r, rtol=1e-9, atol=1e-6) for g, r in zip(got, refs))
     same = sum(b in blocks for b in taken)
-    print(f"\nsync_on_free(naive_cache(cuda), mode={mode}) with a global capture elsewhere: "
-          f"{corrupted}/{trials} corrupted, {same} blocks reused, {mr.stats}")
+    print(
+        f"\nsync_on_free(naive_cache(cuda), mode={mode}) with a global capture elsewhere: "
+        f"{corrupted}/{trials} corrupted, {same} blocks reused, {mr.stats}"
+    )
     assert corrupted == 0, f"{corrupted}/{trials} checksums corrupted"
     if mode == "device":
         # A device synchronization conflicts with any capture under way, in every capture mode
@@ -363,8 +369,7 @@ def _query_legacy_stream(cupy, timeout=5.0):
     return result[0]
 
 
-def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cupy, scenarios,
-                                                                              rng):
+def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cupy, scenarios, rng):
     """Thread A frees a block in a capture of its per-thread default stream while a slow kernel
     on that stream still reads it. Thread B then uses its own per-thread default stream (the
     same handle value, another stream): its calls must not fence and release A's block, so the
@@ -392,7 +397,7 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
             try:
                 a = mr.allocate(nbytes, rptds)
                 scenarios.as_array(a, count, np.float32).set(host, stream=ptds)
-                scenarios.slow_checksum(a, count, spin_ms, outs[i:i + 1], ptds)
+                scenarios.slow_checksum(a, count, spin_ms, outs[i : i + 1], ptds)
                 ptds.begin_capture()
                 try:
                     scenarios.fill(scratch.data.ptr, scratch.size, 5, ptds)
@@ -434,15 +439,18 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
         # Seen once, late in a full-suite process on an H200 (not alone, not with its file):
         # thread B blocked inside its first allocate for over 60 s. Fail fast, naming it.
         assert not ta.is_alive() and not tb.is_alive(), (
-            f"trial {i}: thread {'A' if ta.is_alive() else 'B'} still blocked after 30 s")
+            f"trial {i}: thread {'A' if ta.is_alive() else 'B'} still blocked after 30 s"
+        )
         cupy.cuda.Device().synchronize()
     assert not failures, failures
     got = outs.get()
     corrupted = sum(not np.isclose(g, r, rtol=1e-9, atol=1e-6) for g, r in zip(got, refs))
     a_blocks = {p for kind, p in taken if kind == "a"}
     reused = sum(1 for kind, p in taken if kind == "b" and p in a_blocks)
-    print(f"\nper-thread stream capture: {corrupted}/{trials} corrupted, {reused} of A's blocks "
-          f"taken by B, {mr.stats}")
+    print(
+        f"\nper-thread stream capture: {corrupted}/{trials} corrupted, {reused} of A's blocks "
+        f"taken by B, {mr.stats}"
+    )
     assert corrupted == 0, f"{corrupted}/{trials} checksums corrupted"
     mr.flush()
     assert mr.pending_count == 0

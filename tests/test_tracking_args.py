@@ -40,8 +40,9 @@ def test_upstream_stream_ordered_is_inferred(make, ordered):
 
 
 def test_inference_is_overridable_and_shown():
-    t = HazardTrackingResourceAdaptor(NaiveCachingMemoryResource(cuda()),
-                                      upstream_stream_ordered=True, on_hazard="record")
+    t = HazardTrackingResourceAdaptor(
+        NaiveCachingMemoryResource(cuda()), upstream_stream_ordered=True, on_hazard="record"
+    )
     assert t.upstream_stream_ordered is True and t.on_hazard == "record"
     assert "upstream_stream_ordered=True" in repr(t)
     assert HazardTrackingResourceAdaptor(cuda()).upstream_stream_ordered is True
@@ -96,7 +97,8 @@ def test_an_empty_tracker_reports_nothing():
 
 
 def test_hazard_error_lists_the_messages():
-    h = HazardRecord("double_free", 0x1000, 256, 0, (), describe("double_free", 0x1000, 256,
-                                                                 0, 0, ()))
+    h = HazardRecord(
+        "double_free", 0x1000, 256, 0, (), describe("double_free", 0x1000, 256, 0, 0, ())
+    )
     err = HazardError([h] * 12)
     assert "double_free" in str(err) and "and 2 more" in str(err) and len(err.hazards) == 12

@@ -3,8 +3,8 @@
 
 A model written from the hazard definitions (docs/design.md#hazards, the tracker's docstring)
 predicts, for every call, which hazard the core must report; random programs compare the two
-record by record. Correct programs (every free ordered after the work that used the block) must never
-produce a report.
+record by record. Correct programs (every free ordered after the work that used the block) must
+never produce a report.
 """
 
 import pytest
@@ -249,7 +249,8 @@ class Model:
 
     def fault(self, kind, key, on):
         getattr(self.t, {"fr": "fail_records", "fq": "fail_queries", "fw": "fail_waits"}[kind])(
-            key, on)
+            key, on
+        )
         (getattr(self, kind).add if on else getattr(self, kind).discard)(key)
 
     def clear_faults(self):
@@ -270,7 +271,8 @@ class Model:
         assert self.t.annotations == len(self.live)
         records = [r for recs in self.live.values() for r in recs]
         assert sorted(a[0] for a in self.t.outstanding) == sorted(
-            p for p, recs in self.live.items() for _ in recs)
+            p for p, recs in self.live.items() for _ in recs
+        )
         stats = self.t.stats
         assert stats["allocations"] - stats["deallocations"] == len(records)
         assert stats["allocated_bytes"] == sum(r[0] for r in records)
@@ -280,8 +282,21 @@ class Model:
 
 
 ops = st.sampled_from(
-    ["alloc", "alloc", "free", "free", "free_other", "bad", "launch", "launch", "step",
-     "step", "record", "order", "poll"]
+    [
+        "alloc",
+        "alloc",
+        "free",
+        "free",
+        "free_other",
+        "bad",
+        "launch",
+        "launch",
+        "step",
+        "step",
+        "record",
+        "order",
+        "poll",
+    ]
 )
 
 
@@ -293,8 +308,11 @@ def test_core_reports_exactly_the_hazards_of_the_model(ordered, data):
     for _ in range(data.draw(st.integers(1, 60))):
         op = data.draw(ops)
         if op == "alloc":
-            m.allocate(data.draw(stream), data.draw(st.sampled_from(SIZES)),
-                       strict=data.draw(st.booleans()))
+            m.allocate(
+                data.draw(stream),
+                data.draw(st.sampled_from(SIZES)),
+                strict=data.draw(st.booleans()),
+            )
         elif op in ("free", "free_other") and m.live:
             ptr = data.draw(st.sampled_from(sorted(m.live)))
             size, a, _ = m.live[ptr][0]
@@ -310,8 +328,7 @@ def test_core_reports_exactly_the_hazards_of_the_model(ordered, data):
                 ptr = data.draw(st.sampled_from(sorted(m.live)))
                 m.deallocate(ptr, m.live[ptr][0][0] + 256, data.draw(stream), strict)
             else:
-                m.deallocate(data.draw(st.integers(1, 1 << 40)) | 1, 256, data.draw(stream),
-                             strict)
+                m.deallocate(data.draw(st.integers(1, 1 << 40)) | 1, 256, data.draw(stream), strict)
         elif op == "launch":
             m.t.launch(data.draw(stream))
         elif op == "step":
@@ -524,16 +541,22 @@ def _doc_table_kinds(doc, header):
     import re
 
     text = (pathlib.Path(__file__).parents[1] / "docs" / doc).read_text()
-    table = text[text.index(header):].split("\n\n")[0]
+    table = text[text.index(header) :].split("\n\n")[0]
     return [m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", table, re.M)]
 
 
 def test_the_docs_tables_name_every_kind():
-    assert HAZARD_KINDS == ("freed_in_flight", "reuse_before_fence", "cross_stream_free",
-                            "double_free", "foreign_free", "size_mismatch", "leak",
-                            "allocated_while_live")
-    assert sorted(_doc_table_kinds("hazard_tracking.md", "| kind | when |")) == sorted(
-        HAZARD_KINDS)
+    assert HAZARD_KINDS == (
+        "freed_in_flight",
+        "reuse_before_fence",
+        "cross_stream_free",
+        "double_free",
+        "foreign_free",
+        "size_mismatch",
+        "leak",
+        "allocated_while_live",
+    )
+    assert sorted(_doc_table_kinds("hazard_tracking.md", "| kind | when |")) == sorted(HAZARD_KINDS)
     assert tuple(_doc_table_kinds("design.md", "| name | meaning |")) == HAZARD_KINDS
 
 
@@ -686,7 +709,9 @@ def test_per_thread_streams_of_two_threads_have_two_keys():
     k5 = t.key(PTDS)
     t.as_thread(6)
     assert t.key(PTDS) != k5 and {k5, t.key(PTDS)} == {
-        SimHazardTracker.per_thread_key(5), SimHazardTracker.per_thread_key(6)}
+        SimHazardTracker.per_thread_key(5),
+        SimHazardTracker.per_thread_key(6),
+    }
     assert is_per_thread(k5) and not any(is_per_thread(s) for s in STREAMS + (0, 2))
 
 
@@ -792,7 +817,8 @@ def test_real_threads_keep_stats_fences_and_reports_consistent(ordered):
     assert t.outstanding == [] and stats["allocated_bytes"] == 0
     busy = kinds(t).count("cross_stream_free" if ordered else "freed_in_flight")
     assert kinds(t).count("cross_stream_free") == run["handed_over"] + (
-        run["busy_frees"] if ordered else 0)
+        run["busy_frees"] if ordered else 0
+    )
     assert kinds(t).count("freed_in_flight") == (0 if ordered else run["busy_frees"])
     assert busy > 0 and kinds(t).count("foreign_free") == run["foreign"]
     assert stats["unchecked"] == run["handed_over"] and stats["fences"] > 0
@@ -904,6 +930,5 @@ class TrackerMachine(RuleBasedStateMachine):
         SimHazardTracker.as_thread(0)
 
 
-TrackerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50,
-                                            deadline=None)
+TrackerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
 test_tracker_state_machine = TrackerMachine.TestCase

@@ -33,10 +33,12 @@ def rmm_stream(s):
     return rmm.pylibrmm.stream.Stream(s)
 
 
-def test_seed_race_over_the_naive_cache_is_reported_with_pointer_and_streams(
-        cupy, scenarios, rng):
-    mr = HazardTrackingResourceAdaptor(NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
-                                       on_hazard="record", capture_stacks=True)
+def test_seed_race_over_the_naive_cache_is_reported_with_pointer_and_streams(cupy, scenarios, rng):
+    mr = HazardTrackingResourceAdaptor(
+        NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
+        on_hazard="record",
+        capture_stacks=True,
+    )
     assert mr.upstream_stream_ordered is False
     s1 = cupy.cuda.Stream(non_blocking=True)
     s2 = cupy.cuda.Stream(non_blocking=True)
@@ -55,8 +57,7 @@ def test_seed_race_over_the_naive_cache_is_reported_with_pointer_and_streams(
         scenarios.fill(b, count, pattern=trial + 1, stream=s2)
         s1.synchronize()
         s2.synchronize()
-        corrupted += not np.isclose(float(out.get()[0]), host.astype(np.float64).sum(),
-                                    rtol=1e-9)
+        corrupted += not np.isclose(float(out.get()[0]), host.astype(np.float64).sum(), rtol=1e-9)
         mr.deallocate(b, nbytes, s2)
         got = [(h.kind, h.pointer, h.size, h.stream, h.streams) for h in mr.hazards]
         assert got == [
@@ -76,14 +77,16 @@ def test_seed_race_over_the_naive_cache_is_reported_with_pointer_and_streams(
 def _safe_chain(chain):
     if chain == "sync_on_free_deferred":
         return SyncOnFreeResourceAdaptor(
-            NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode="deferred")
+            NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode="deferred"
+        )
     return StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
 
 
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered_control", "ordered"])
 @pytest.mark.parametrize("chain", ["sync_on_free_deferred", "rmm_fences_pool"])
 def test_safe_chains_report_a_cross_stream_free_exactly_when_unordered(
-        cupy, scenarios, rng, chain, ordered):
+    cupy, scenarios, rng, chain, ordered
+):
     """The seed's race with the free on the overwriting stream s2 while s1's slow kernel still
     reads the block. Control (unordered): both safe chains reuse the block on s2 at once, the
     kernel's checksum is corrupted and the tracker reports every trial. Ordered (s2 waits for
@@ -112,13 +115,14 @@ def test_safe_chains_report_a_cross_stream_free_exactly_when_unordered(
         scenarios.fill(b, count, pattern=trial + 1, stream=s2)
         s1.synchronize()
         s2.synchronize()
-        corrupted += not np.isclose(float(out.get()[0]), host.astype(np.float64).sum(),
-                                    rtol=1e-9)
+        corrupted += not np.isclose(float(out.get()[0]), host.astype(np.float64).sum(), rtol=1e-9)
         mr.deallocate(b, nbytes, s2)
     got = [(h.kind, h.stream, h.streams) for h in mr.hazards]  # settles every check
     stats = mr.stats
-    print(f"\ntracking({chain}), {'ordered' if ordered else 'unordered'}: {corrupted}/{trials} "
-          f"corrupted, hazards {len(got)}, stats {stats}")
+    print(
+        f"\ntracking({chain}), {'ordered' if ordered else 'unordered'}: {corrupted}/{trials} "
+        f"corrupted, hazards {len(got)}, stats {stats}"
+    )
     assert stats["fences"] >= trials and stats["pending_checks"] == 0
     assert stats["unchecked"] == 0
     if ordered:
@@ -137,8 +141,9 @@ def test_free_from_another_threads_per_thread_stream_is_reported(cupy, scenarios
     tracker cannot order or check B's free after A's stream: it reports it, every trial."""
     from rmm_fences._hazards import is_per_thread_key
 
-    mr = HazardTrackingResourceAdaptor(NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
-                                       on_hazard="record")
+    mr = HazardTrackingResourceAdaptor(
+        NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), on_hazard="record"
+    )
     ptds = cupy.cuda.Stream.ptds
     count, nbytes, trials = 1 << 20, 4 << 20, 5
     out = cupy.zeros(1, dtype=cupy.float64)
@@ -196,8 +201,10 @@ def test_free_from_another_threads_per_thread_stream_is_reported(cupy, scenarios
         assert "cannot be ordered" in h.message
         mr.reset()
     stats = mr.stats
-    print(f"\nper-thread streams of two threads: {corrupted}/{trials} corrupted, "
-          f"every trial reported; stats {stats}")
+    print(
+        f"\nper-thread streams of two threads: {corrupted}/{trials} corrupted, "
+        f"every trial reported; stats {stats}"
+    )
     assert stats["unchecked"] >= trials  # each free from B could not be checked against A
     assert corrupted >= 1, "the hazard was not observed as corruption"
     assert mr.allocated_bytes == 0
@@ -207,8 +214,9 @@ def test_free_from_another_threads_per_thread_stream_is_reported(cupy, scenarios
 def test_missing_record_stream_is_a_cross_stream_free(cupy, scenarios, rng, declare):
     """A buffer used on a side stream and freed on the main stream: the pool reuses it on the
     main stream at once, racing the side stream's kernel, unless the use was declared."""
-    mr = HazardTrackingResourceAdaptor(StreamOrderedPoolMemoryResource(
-        rmm.mr.CudaMemoryResource()), on_hazard="record")
+    mr = HazardTrackingResourceAdaptor(
+        StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource()), on_hazard="record"
+    )
     side = cupy.cuda.Stream(non_blocking=True)
     main = cupy.cuda.Stream(non_blocking=True)
     count, nbytes = 1 << 20, 4 << 20
@@ -303,8 +311,9 @@ def test_freed_in_flight_raises_and_keeps_the_block(cupy, scenarios, rng):
 
 
 def test_device_buffers_cupy_and_stacks(cupy):
-    mr = HazardTrackingResourceAdaptor(rmm.mr.CudaAsyncMemoryResource(), capture_stacks=True,
-                                       on_hazard="raise")
+    mr = HazardTrackingResourceAdaptor(
+        rmm.mr.CudaAsyncMemoryResource(), capture_stacks=True, on_hazard="raise"
+    )
     assert mr.upstream_stream_ordered is True
     s = cupy.cuda.Stream(non_blocking=True)
     buf = rmm.DeviceBuffer(size=1 << 20, stream=rmm_stream(s), mr=mr)  # through C++, nogil
@@ -350,15 +359,18 @@ def test_report_at_exit_lists_leaks():
         " report_at_exit=True)\n"
         "keep = mr.allocate(12345)\n"
     )
-    res = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert "leak: 12345 bytes" in res.stderr
 
 
 def test_many_threads_and_streams_stay_consistent(cupy):
-    mr = HazardTrackingResourceAdaptor(rmm.mr.PoolMemoryResource(
-        rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 28), on_hazard="record")
+    mr = HazardTrackingResourceAdaptor(
+        rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 28),
+        on_hazard="record",
+    )
     streams = [rmm_stream(cupy.cuda.Stream(non_blocking=True)) for _ in range(4)]
     errors = []
 
@@ -406,14 +418,29 @@ def test_compute_sanitizer_sees_out_of_bounds_writes_inside_the_pool(annotate):
     child = HERE / "sanitizer_child.py"
     env = dict(os.environ)
     res = subprocess.run(
-        [sanitizer, "--tool", "memcheck", sys.executable, "-P", str(child),
-         "annotate" if annotate else "plain"],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sanitizer,
+            "--tool",
+            "memcheck",
+            sys.executable,
+            "-P",
+            str(child),
+            "annotate" if annotate else "plain",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     output = res.stdout + res.stderr
-    print(f"\ncompute-sanitizer ({'annotated' if annotate else 'not annotated'}):\n"
-          + "\n".join(line for line in output.splitlines()
-                      if "ERROR SUMMARY" in line or "Invalid" in line or "child:" in line))
+    print(
+        f"\ncompute-sanitizer ({'annotated' if annotate else 'not annotated'}):\n"
+        + "\n".join(
+            line
+            for line in output.splitlines()
+            if "ERROR SUMMARY" in line or "Invalid" in line or "child:" in line
+        )
+    )
     assert "child: launched" in output, output[-3000:]
     if annotate:
         assert "Invalid __global__ write of size 4" in output, output[-3000:]

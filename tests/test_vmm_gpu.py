@@ -19,8 +19,12 @@ VMM_CHILD = pathlib.Path(__file__).resolve().parent / "vmm_child.py"
 
 
 def child(*args, timeout=300):
-    res = subprocess.run([sys.executable, "-P", str(VMM_CHILD), *args],
-                         capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(
+        [sys.executable, "-P", str(VMM_CHILD), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     return res, (json.loads(lines[-1]) if lines else None)
 

@@ -30,7 +30,8 @@ def crash() -> int:
     a = mr.allocate(count * 4, rs)
     rng = np.random.default_rng()
     _scenarios.as_array(a, count, np.float32).set(
-        rng.standard_normal(count, dtype=np.float32), stream=s)
+        rng.standard_normal(count, dtype=np.float32), stream=s
+    )
     out = cupy.zeros(1, dtype=cupy.float64)
     s.synchronize()
     _scenarios.slow_checksum(a, count, 200, out, s)  # reads the block after 200 ms
@@ -40,8 +41,10 @@ def crash() -> int:
         s.synchronize()
     except Exception as exc:  # CUDARuntimeError: the context is lost
         error = f"{type(exc).__name__}: {exc}"
-    print(json.dumps({"scenario": "crash", "error": error, "corrupted": None, "trials": 1}),
-          flush=True)
+    print(
+        json.dumps({"scenario": "crash", "error": error, "corrupted": None, "trials": 1}),
+        flush=True,
+    )
     return 3 if error else 0
 
 
@@ -57,8 +60,12 @@ def fenced(trials: int) -> int:
         mr.flush()
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    print(json.dumps({"scenario": "fenced", "error": error, "corrupted": corrupted,
-                      "trials": trials}), flush=True)
+    print(
+        json.dumps(
+            {"scenario": "fenced", "error": error, "corrupted": corrupted, "trials": trials}
+        ),
+        flush=True,
+    )
     return 0 if error is None and corrupted == 0 else 1
 
 

@@ -27,8 +27,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "asv_bench"))
 
 from benchmarks._common import make, streams  # noqa: E402
 
-DEFAULT_CHAINS = ["rmm_fences_pool", "rmm_pool", "cuda_async", "sync_on_free_deferred",
-                  "tracking_pool"]
+DEFAULT_CHAINS = [
+    "rmm_fences_pool",
+    "rmm_pool",
+    "cuda_async",
+    "sync_on_free_deferred",
+    "tracking_pool",
+]
 SIZES = [256, 1 << 20, 64 << 20]
 
 
@@ -43,8 +48,14 @@ def python_pair_us(mr, nbytes, stream, pairs=1000, rounds=5):
     return statistics.median(best)
 
 
-COMPARED = ["native_pair_ns_256", "native_pair_ns_1048576", "native_pair_ns_67108864",
-            "python_pair_us_1048576", "threads_1_pairs_per_s", "threads_8_pairs_per_s"]
+COMPARED = [
+    "native_pair_ns_256",
+    "native_pair_ns_1048576",
+    "native_pair_ns_67108864",
+    "python_pair_us_1048576",
+    "threads_1_pairs_per_s",
+    "threads_8_pairs_per_s",
+]
 
 
 def compare(before_files, after_files):
@@ -59,14 +70,16 @@ def compare(before_files, after_files):
         if chain == "rmm_pool":
             continue
         for key in COMPARED:
-            cells = " | ".join(f"{b[chain][key]:.4g} -> {a[chain][key]:.4g}"
-                               for b, a in zip(before, after))
+            cells = " | ".join(
+                f"{b[chain][key]:.4g} -> {a[chain][key]:.4g}" for b, a in zip(before, after)
+            )
             rb = statistics.mean(b[chain][key] / b["rmm_pool"][key] for b in before)
             ra = statistics.mean(a[chain][key] / a["rmm_pool"][key] for a in after)
             print(f"| {chain} | {key} | {cells} | {rb:.3f} | {ra:.3f} |")
     for key in COMPARED:
-        cells = " | ".join(f"{b['rmm_pool'][key]:.4g} -> {a['rmm_pool'][key]:.4g}"
-                           for b, a in zip(before, after))
+        cells = " | ".join(
+            f"{b['rmm_pool'][key]:.4g} -> {a['rmm_pool'][key]:.4g}" for b, a in zip(before, after)
+        )
         print(f"| rmm_pool (peer) | {key} | {cells} | 1 | 1 |")
 
 
@@ -74,7 +87,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--compare":
         split = argv.index("--")
-        return compare(argv[1:split], argv[split + 1:])
+        return compare(argv[1:split], argv[split + 1 :])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--label", required=True)
     ap.add_argument("--chains", nargs="*", default=DEFAULT_CHAINS)
@@ -91,15 +104,18 @@ def main(argv=None):
         row = {}
         for nbytes in SIZES:
             row[f"native_pair_ns_{nbytes}"] = statistics.median(
-                alloc_free_ns(mr, nbytes, 20000, stream) for _ in range(3))
+                alloc_free_ns(mr, nbytes, 20000, stream) for _ in range(3)
+            )
             row[f"python_pair_us_{nbytes}"] = python_pair_us(mr, nbytes, stream)
         for threads in (1, 8):
             row[f"threads_{threads}_pairs_per_s"] = statistics.median(
-                threaded_alloc_free(mr, 1 << 20, 20000, cupy_streams[:threads])
-                for _ in range(3))
+                threaded_alloc_free(mr, 1 << 20, 20000, cupy_streams[:threads]) for _ in range(3)
+            )
         out["results"][chain] = row
-        print(f"{args.label} {chain}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()),
-              file=sys.stderr)
+        print(
+            f"{args.label} {chain}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()),
+            file=sys.stderr,
+        )
         del mr
     json.dump(out, sys.stdout, indent=1)
     print()

@@ -28,8 +28,11 @@ RENAMED = {
 def load(results_dir: str, machine: str):
     """{benchmark: {param tuple: value}}, {benchmark: commit} from the newest file per benchmark."""
     meta = json.load(open(os.path.join(results_dir, "benchmarks.json")))
-    files = [json.load(open(f)) for f in glob.glob(os.path.join(results_dir, machine, "*.json"))
-             if not f.endswith("machine.json")]
+    files = [
+        json.load(open(f))
+        for f in glob.glob(os.path.join(results_dir, machine, "*.json"))
+        if not f.endswith("machine.json")
+    ]
     values, commits = {}, {}
     for res in sorted(files, key=lambda r: r["date"]):  # newer files overwrite older ones
         cols = res["result_columns"]
@@ -52,14 +55,17 @@ def fmt(x: float) -> str:
 
 
 def table(title, header, rows):
-    out = [f"**{title}**", "", "| " + " | ".join(header) + " |",
-           "| " + " | ".join(["---"] + ["---:"] * (len(header) - 1)) + " |"]
+    out = [
+        f"**{title}**",
+        "",
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(["---"] + ["---:"] * (len(header) - 1)) + " |",
+    ]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out) + "\n"
 
 
-def per_size(values, name, scale, peers, label, unit, commit, higher_is_better=False,
-             suffix="B"):
+def per_size(values, name, scale, peers, label, unit, commit, higher_is_better=False, suffix="B"):
     """Rows chain x size, each cell 'value (ratio to each peer)'."""
     data = values.get(name)
     if not data:
@@ -104,32 +110,92 @@ def _size(s: str, suffix: str = "B") -> str:
 def report(values, commits) -> str:
     parts = []
     b = "alloc_free.AllocFree.track_native_pair_ns"
-    parts.append(per_size(values, b, 1.0, PEERS, "Native allocate + deallocate, ns per pair "
-                          "(ratio to rmm_pool / to cuda_async; lower is better)", "ns",
-                          commits.get(b)))
+    parts.append(
+        per_size(
+            values,
+            b,
+            1.0,
+            PEERS,
+            "Native allocate + deallocate, ns per pair "
+            "(ratio to rmm_pool / to cuda_async; lower is better)",
+            "ns",
+            commits.get(b),
+        )
+    )
     b = "alloc_free.AllocFree.time_python_pairs"
-    parts.append(per_size(values, b, 1e6 / PAIRS, PEERS, "Python allocate + deallocate, us per "
-                          "pair (ratio to rmm_pool / to cuda_async)", "us", commits.get(b)))
+    parts.append(
+        per_size(
+            values,
+            b,
+            1e6 / PAIRS,
+            PEERS,
+            "Python allocate + deallocate, us per pair (ratio to rmm_pool / to cuda_async)",
+            "us",
+            commits.get(b),
+        )
+    )
     b = "reduce.CubTempStorageLoop.time_loop"
-    parts.append(per_size(values, b, 1e6 / CALLS, ("preallocated",), "The CUB temp-storage "
-                          "loop over n float32, us per call (ratio to the preallocated temp "
-                          "buffer)", "us", commits.get(b), suffix=""))
+    parts.append(
+        per_size(
+            values,
+            b,
+            1e6 / CALLS,
+            ("preallocated",),
+            "The CUB temp-storage "
+            "loop over n float32, us per call (ratio to the preallocated temp "
+            "buffer)",
+            "us",
+            commits.get(b),
+            suffix="",
+        )
+    )
     b = "reduce.CubTempStorageLoop.track_bandwidth_gbs"
-    parts.append(per_size(values, b, 1.0, ("preallocated",), "The CUB temp-storage "
-                          "loop over n float32, achieved bandwidth (in brackets: its time per "
-                          "call over the preallocated buffer's)", "GB/s", commits.get(b),
-                          higher_is_better=True, suffix=""))
+    parts.append(
+        per_size(
+            values,
+            b,
+            1.0,
+            ("preallocated",),
+            "The CUB temp-storage "
+            "loop over n float32, achieved bandwidth (in brackets: its time per "
+            "call over the preallocated buffer's)",
+            "GB/s",
+            commits.get(b),
+            higher_is_better=True,
+            suffix="",
+        )
+    )
     for b, label, unit, scale, peer in (
-            ("throughput.RandomAllocations.track_ops_per_s", "Random allocations (RMM's "
-             "RANDOM_ALLOCATIONS shape), ops/s, speed-up over rmm_pool", "ops/s", 1.0,
-             "rmm_pool"),
-            ("reduce.CupySum.time_cupy_sum", "cupy.sum of 1M float32 with CUB, us per call "
-             "(ratio to CuPy's MemoryPool)", "us", 1e6 / CALLS, "cupy_pool"),
-            ("alloc_free.DeferredFence.track_cost_per_free_ns", "What a deferred SyncOnFree adds "
-             "per free over its upstream", "ns", 1.0, None),
-            ("high_water.HighWater.track_peak_device_bytes", "Device memory high-water of the "
-             "CUB temp-storage loop on two streams plus 64 MiB held (ratio to cuda)", "MiB",
-             1 / (1 << 20), "cuda")):
+        (
+            "throughput.RandomAllocations.track_ops_per_s",
+            "Random allocations (RMM's RANDOM_ALLOCATIONS shape), ops/s, speed-up over rmm_pool",
+            "ops/s",
+            1.0,
+            "rmm_pool",
+        ),
+        (
+            "reduce.CupySum.time_cupy_sum",
+            "cupy.sum of 1M float32 with CUB, us per call (ratio to CuPy's MemoryPool)",
+            "us",
+            1e6 / CALLS,
+            "cupy_pool",
+        ),
+        (
+            "alloc_free.DeferredFence.track_cost_per_free_ns",
+            "What a deferred SyncOnFree adds per free over its upstream",
+            "ns",
+            1.0,
+            None,
+        ),
+        (
+            "high_water.HighWater.track_peak_device_bytes",
+            "Device memory high-water of the "
+            "CUB temp-storage loop on two streams plus 64 MiB held (ratio to cuda)",
+            "MiB",
+            1 / (1 << 20),
+            "cuda",
+        ),
+    ):
         data = values.get(b)
         if not data:
             continue
@@ -140,8 +206,8 @@ def report(values, commits) -> str:
                 ratio = f"{v / ref:.2f}x"
             else:
                 ratio = ""
-            rows.append([f"`{k}`", fmt(v * scale), ratio][:3 if peer else 2])
-        header = ["", unit, "ratio"][:3 if peer else 2]
+            rows.append([f"`{k}`", fmt(v * scale), ratio][: 3 if peer else 2])
+        header = ["", unit, "ratio"][: 3 if peer else 2]
         parts.append(table(f"{label} ({unit}; commit {commits[b]})", header, rows))
     b = "throughput.Threads.track_pairs_per_s"
     data = values.get(b)
@@ -150,9 +216,14 @@ def report(values, commits) -> str:
         for c in dict.fromkeys(k[0] for k in data):
             one, eight = data.get((c, "1")), data.get((c, "8"))
             rows.append([f"`{c}`", fmt(one), fmt(eight), f"{eight / one:.2f}x"])
-        parts.append(table(f"Threads: 1 MiB pairs per second, 1 thread and 8 threads on 8 "
-                           f"streams (commit {commits[b]})", ["chain", "1 thread", "8 threads",
-                                                              "scaling"], rows))
+        parts.append(
+            table(
+                f"Threads: 1 MiB pairs per second, 1 thread and 8 threads on 8 "
+                f"streams (commit {commits[b]})",
+                ["chain", "1 thread", "8 threads", "scaling"],
+                rows,
+            )
+        )
     return "\n".join(p for p in parts if p)
 
 
@@ -169,10 +240,15 @@ def charts(values, png_dir: str) -> list[str]:
     sizes = list(dict.fromkeys(k[1] for k in data))
     width = 0.8 / max(len(sizes), 1)
     for i, s in enumerate(sizes):
-        axes[0].bar([j + i * width for j in range(len(chains))],
-                    [data.get((c, s), 0) for c in chains], width, label=_size(s))
-    axes[0].set_xticks([j + width for j in range(len(chains))], chains, rotation=30, ha="right",
-                       fontsize=8)
+        axes[0].bar(
+            [j + i * width for j in range(len(chains))],
+            [data.get((c, s), 0) for c in chains],
+            width,
+            label=_size(s),
+        )
+    axes[0].set_xticks(
+        [j + width for j in range(len(chains))], chains, rotation=30, ha="right", fontsize=8
+    )
     axes[0].set_yscale("log")
     axes[0].set_ylabel("ns per native allocate + deallocate (log)")
     axes[0].legend(fontsize=8)
@@ -182,11 +258,16 @@ def charts(values, png_dir: str) -> list[str]:
     width = 0.8 / max(len(sizes), 1)
     for i, s in enumerate(sizes):
         floor = data.get(("preallocated", s))
-        axes[1].bar([j + i * width for j in range(len(chains))],
-                    [data.get((c, s), 0) / floor for c in chains], width, label=_size(s, ""))
+        axes[1].bar(
+            [j + i * width for j in range(len(chains))],
+            [data.get((c, s), 0) / floor for c in chains],
+            width,
+            label=_size(s, ""),
+        )
     axes[1].axhline(1.0, color="black", linewidth=0.8)
-    axes[1].set_xticks([j + 1.5 * width for j in range(len(chains))], chains, rotation=30,
-                       ha="right", fontsize=8)
+    axes[1].set_xticks(
+        [j + 1.5 * width for j in range(len(chains))], chains, rotation=30, ha="right", fontsize=8
+    )
     axes[1].set_ylabel("loop time / preallocated temp buffer")
     axes[1].legend(title="n (float32)", fontsize=8)
     data = values.get("throughput.RandomAllocations.track_ops_per_s", {})

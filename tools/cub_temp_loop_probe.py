@@ -17,9 +17,13 @@ import cupy
 from rmm_fences.bench import cub_temp_loop, cub_temp_loop_us
 from rmm_fences.compose import compose
 
-CHAINS = {"preallocated": None, "rmm_fences_pool": "pool(cuda, initial_pool_size=1GiB)",
-          "rmm_pool": "rmm_pool(cuda, initial_pool_size=1GiB)", "cuda_async": "cuda_async",
-          "tracking_pool": "tracking(pool(cuda, initial_pool_size=1GiB), on_hazard=record)"}
+CHAINS = {
+    "preallocated": None,
+    "rmm_fences_pool": "pool(cuda, initial_pool_size=1GiB)",
+    "rmm_pool": "rmm_pool(cuda, initial_pool_size=1GiB)",
+    "cuda_async": "cuda_async",
+    "tracking_pool": "tracking(pool(cuda, initial_pool_size=1GiB), on_hazard=record)",
+}
 CALLS = 20
 
 
@@ -52,8 +56,10 @@ def main():
                 fresh.append(burst(fn2, stream))
                 del fn2, mr2
             ev = cub_temp_loop_us(x, out, mr, stream, 50, 3)
-            print(f"{name:18s} {n:9d} {warm:8.1f} {statistics.median(fresh):8.1f} {ev:8.1f}",
-                  flush=True)
+            print(
+                f"{name:18s} {n:9d} {warm:8.1f} {statistics.median(fresh):8.1f} {ev:8.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

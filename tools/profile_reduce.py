@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """On the GPU host: where the host time of device_sum goes (cProfile, 3000 calls at 1K)."""
+
 import cProfile
 import pstats
 

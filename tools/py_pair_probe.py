@@ -11,8 +11,12 @@ import rmm
 from rmm_fences.bench import alloc_free_ns
 from rmm_fences.compose import compose
 
-CHAINS = ["pool(cuda, initial_pool_size=1GiB)", "rmm_pool(cuda, initial_pool_size=1GiB)",
-          "cuda_async", "sync_on_free(naive_cache(cuda), mode=deferred)"]
+CHAINS = [
+    "pool(cuda, initial_pool_size=1GiB)",
+    "rmm_pool(cuda, initial_pool_size=1GiB)",
+    "cuda_async",
+    "sync_on_free(naive_cache(cuda), mode=deferred)",
+]
 
 
 def py_ns(mr, stream, n=2000, nbytes=1 << 20):
@@ -29,6 +33,9 @@ for spec in CHAINS:
     mr = compose(spec)
     created = rmm.pylibrmm.stream.Stream(cupy.cuda.Stream(non_blocking=True))
     default = rmm.pylibrmm.stream.DEFAULT_STREAM
-    print(f"{spec:50s} python created {py_ns(mr, created):9.0f} ns  default "
-          f"{py_ns(mr, default):9.0f} ns  native created "
-          f"{alloc_free_ns(mr, 1 << 20, 20000, created):9.0f} ns", flush=True)
+    print(
+        f"{spec:50s} python created {py_ns(mr, created):9.0f} ns  default "
+        f"{py_ns(mr, default):9.0f} ns  native created "
+        f"{alloc_free_ns(mr, 1 << 20, 20000, created):9.0f} ns",
+        flush=True,
+    )

@@ -51,8 +51,11 @@ class DeferredFence:
 
         from rmm_fences.bench import alloc_free_ns
 
-        over = [alloc_free_ns(self.adaptor, 1 << 20, 20000)
-                - alloc_free_ns(self.upstream, 1 << 20, 20000) for _ in range(5)]
+        over = [
+            alloc_free_ns(self.adaptor, 1 << 20, 20000)
+            - alloc_free_ns(self.upstream, 1 << 20, 20000)
+            for _ in range(5)
+        ]
         self.adaptor.flush()
         return statistics.median(over)
 
@@ -104,17 +107,20 @@ class TrackingOverhead:
 
         from rmm_fences.bench import alloc_free_ns
 
-        return statistics.median(alloc_free_ns(self.tracked, 1 << 20, 20000, self.stream)
-                                 / alloc_free_ns(self.bare, 1 << 20, 20000, self.stream)
-                                 for _ in range(5))
+        return statistics.median(
+            alloc_free_ns(self.tracked, 1 << 20, 20000, self.stream)
+            / alloc_free_ns(self.bare, 1 << 20, 20000, self.stream)
+            for _ in range(5)
+        )
 
     track_native_ratio.unit = "tracked/bare"
 
     def track_python_ratio(self, upstream):
         import statistics
 
-        return statistics.median(self._python_us(self.tracked) / self._python_us(self.bare)
-                                 for _ in range(5))
+        return statistics.median(
+            self._python_us(self.tracked) / self._python_us(self.bare) for _ in range(5)
+        )
 
     track_python_ratio.unit = "tracked/bare"
 
@@ -124,8 +130,17 @@ class FenceCalls:
     runtime and through the driver entry points the resources call
     (rmm_fences.bench.fence_call_ns)."""
 
-    params = [["event_record", "event_query", "stream_is_capturing", "cu_event_record",
-               "cu_event_query", "cu_stream_is_capturing", "cu_stream_get_id"]]
+    params = [
+        [
+            "event_record",
+            "event_query",
+            "stream_is_capturing",
+            "cu_event_record",
+            "cu_event_query",
+            "cu_stream_is_capturing",
+            "cu_stream_get_id",
+        ]
+    ]
     param_names = ["call"]
 
     def setup(self, call):

@@ -8,8 +8,9 @@ from ._common import require_gpu
 TRACKED = {
     "rmm_fences_pool": "pool(tracking(cuda, on_hazard=record))",
     "rmm_pool": "rmm_pool(tracking(cuda, on_hazard=record))",
-    "sync_on_free_deferred": "sync_on_free(naive_cache(tracking(cuda, on_hazard=record)), "
-                             "mode=deferred)",
+    "sync_on_free_deferred": (
+        "sync_on_free(naive_cache(tracking(cuda, on_hazard=record)), mode=deferred)"
+    ),
     "cuda": "tracking(cuda, on_hazard=record)",
 }
 
@@ -33,12 +34,14 @@ class HighWater:
         while not hasattr(tracker, "peak_bytes"):
             tracker = tracker.get_upstream()
         s = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
-        xs = [cupy.random.RandomState(k).standard_normal(n, dtype=cupy.float32)
-              for k, n in enumerate((1 << 16, 1 << 20, 16 << 20))]
+        xs = [
+            cupy.random.RandomState(k).standard_normal(n, dtype=cupy.float32)
+            for k, n in enumerate((1 << 16, 1 << 20, 16 << 20))
+        ]
         out = cupy.empty(len(xs) * 100, dtype=cupy.float32)
         cupy.cuda.Device().synchronize()
         for i in range(100 * len(xs)):  # the CUB temp-storage loop on two streams
-            device_sum(xs[i % len(xs)], out[i:i + 1], mr=mr, stream=s[i % 2])
+            device_sum(xs[i % len(xs)], out[i : i + 1], mr=mr, stream=s[i % 2])
         held = [mr.allocate(1 << 20) for _ in range(64)]  # plus 64 MiB held at once
         for p in held:
             mr.deallocate(p, 1 << 20)

@@ -85,8 +85,14 @@ class CopyBandwidth:
 
 
 class CupySum:
-    params = [["cupy_pool", "CupyAllocator(rmm_fences_pool)", "CupyAllocator(cuda_async)",
-               "rmm_cupy_allocator"]]
+    params = [
+        [
+            "cupy_pool",
+            "CupyAllocator(rmm_fences_pool)",
+            "CupyAllocator(cuda_async)",
+            "rmm_cupy_allocator",
+        ]
+    ]
     param_names = ["allocator"]
 
     def setup(self, allocator):
@@ -98,19 +104,23 @@ class CupySum:
         from rmm_fences.allocators.cupy import CupyAllocator
 
         self.cupy = cupy
-        self.saved = (_accelerator.get_reduction_accelerators(),
-                      _accelerator.get_routine_accelerators(),
-                      rmm.mr.get_current_device_resource())
+        self.saved = (
+            _accelerator.get_reduction_accelerators(),
+            _accelerator.get_routine_accelerators(),
+            rmm.mr.get_current_device_resource(),
+        )
         _accelerator.set_reduction_accelerators(["cub"])
         _accelerator.set_routine_accelerators(["cub"])
         pool = make("rmm_fences_pool")
         rmm.mr.set_current_device_resource(pool)
         from rmm.allocators.cupy import rmm_cupy_allocator
 
-        self.alloc = {"cupy_pool": cupy.cuda.MemoryPool().malloc,
-                      "CupyAllocator(rmm_fences_pool)": CupyAllocator(pool),
-                      "CupyAllocator(cuda_async)": CupyAllocator(make("cuda_async")),
-                      "rmm_cupy_allocator": rmm_cupy_allocator}[allocator]
+        self.alloc = {
+            "cupy_pool": cupy.cuda.MemoryPool().malloc,
+            "CupyAllocator(rmm_fences_pool)": CupyAllocator(pool),
+            "CupyAllocator(cuda_async)": CupyAllocator(make("cuda_async")),
+            "rmm_cupy_allocator": rmm_cupy_allocator,
+        }[allocator]
         self.x = cupy.random.RandomState(6).standard_normal(1 << 20, dtype=cupy.float32)
         self.time_cupy_sum(allocator)  # warm: the first sums grow a fresh pool
 

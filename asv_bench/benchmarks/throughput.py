@@ -19,8 +19,9 @@ class RandomAllocations:
     def track_ops_per_s(self, chain):
         from rmm_fences.bench import random_allocations
 
-        return random_allocations(self.mr, 100000, random_state=42, max_live_bytes="4GiB",
-                                  stream=self.stream)
+        return random_allocations(
+            self.mr, 100000, random_state=42, max_live_bytes="4GiB", stream=self.stream
+        )
 
     track_ops_per_s.unit = "ops/s"
 

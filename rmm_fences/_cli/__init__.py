@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     from rmm_fences._cuda import device_count, no_device_reason
 
     if device_count() == 0:
-        print(f"rmm-fences {args.command}: {no_device_reason()}; this command needs a CUDA GPU.",
-              file=sys.stderr)
+        print(
+            f"rmm-fences {args.command}: {no_device_reason()}; this command needs a CUDA GPU.",
+            file=sys.stderr,
+        )
         return 2
     return COMMANDS[args.command][2](args)

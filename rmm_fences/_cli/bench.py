@@ -14,9 +14,12 @@ DEFAULT_SPECS = ("pool(cuda_async)", "rmm_pool(cuda)", "cuda_async")
 def add_arguments(parser) -> None:
     from rmm_fences._cli._args import positive, size
 
-    parser.add_argument("--resource", metavar="SPEC", action="append",
-                        help="resource spec; repeat to compare (default: "
-                        + ", ".join(DEFAULT_SPECS) + ")")
+    parser.add_argument(
+        "--resource",
+        metavar="SPEC",
+        action="append",
+        help="resource spec; repeat to compare (default: " + ", ".join(DEFAULT_SPECS) + ")",
+    )
     parser.add_argument("--nbytes", type=size, default=1 << 20, help="bytes per allocation")
     parser.add_argument("--iters", type=positive, default=100000, help="native pairs timed")
 

@@ -74,8 +74,15 @@ class Cell:
         return text
 
 
-def run_cell(chain: str, scenario: str, trials: int, *, nbytes: int = 4 << 20,
-             spin_ms: float = 0.5, random_state: int | None = None) -> Cell:
+def run_cell(
+    chain: str,
+    scenario: str,
+    trials: int,
+    *,
+    nbytes: int = 4 << 20,
+    spin_ms: float = 0.5,
+    random_state: int | None = None,
+) -> Cell:
     """Run one cell in this process: the race trial (``rmm_fences._scenarios.race``) of
     ``scenario`` over a fresh ``chain`` (a crash loses this process's CUDA context)."""
     import numpy as np
@@ -86,8 +93,15 @@ def run_cell(chain: str, scenario: str, trials: int, *, nbytes: int = 4 << 20,
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")
     mr = compose(chain)
-    res = race(mr, trials=trials, nbytes=nbytes, spin_ms=spin_ms,
-               rng=np.random.default_rng(random_state), scenario=scenario, catch=True)
+    res = race(
+        mr,
+        trials=trials,
+        nbytes=nbytes,
+        spin_ms=spin_ms,
+        rng=np.random.default_rng(random_state),
+        scenario=scenario,
+        catch=True,
+    )
     cell = Cell(chain, scenario, trials, corrupted=res.corrupted, crashed=res.crashed)
     if not cell.crashed and hasattr(mr, "flush"):
         try:
@@ -103,8 +117,16 @@ def run_cell(chain: str, scenario: str, trials: int, *, nbytes: int = 4 << 20,
 
 def run_cell_in_child(chain: str, scenario: str, trials: int, **kwargs) -> Cell:
     """Run one cell in a child process; a lost context or a dead child is a crash."""
-    args = [sys.executable, "-P", "-m", "rmm_fences._cli.doctor", chain, scenario, str(trials),
-            json.dumps(kwargs)]
+    args = [
+        sys.executable,
+        "-P",
+        "-m",
+        "rmm_fences._cli.doctor",
+        chain,
+        scenario,
+        str(trials),
+        json.dumps(kwargs),
+    ]
     res = subprocess.run(args, capture_output=True, text=True, timeout=600)
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     if lines:
@@ -119,8 +141,9 @@ def needs_child(chain: str) -> bool:
     return "vmm_unmap" in chain
 
 
-def run_matrix(chains=CHAINS, scenarios=SCENARIOS, trials: int = 100, *, progress=None,
-               **kwargs) -> list[Cell]:
+def run_matrix(
+    chains=CHAINS, scenarios=SCENARIOS, trials: int = 100, *, progress=None, **kwargs
+) -> list[Cell]:
     cells = []
     total = len(chains) * len(scenarios)
     for chain in chains:
@@ -153,23 +176,33 @@ def table(cells: list[Cell]) -> str:
     scenarios = list(dict.fromkeys(c.scenario for c in cells))
     by = {(c.chain, c.scenario): c for c in cells}
     width = max(len(c) for c in chains)
-    cols = [max([len(s)] + [len(by[(ch, s)].label()) for ch in chains if (ch, s) in by])
-            for s in scenarios]
+    cols = [
+        max([len(s)] + [len(by[(ch, s)].label()) for ch in chains if (ch, s) in by])
+        for s in scenarios
+    ]
     head = f"{'chain':<{width}}  " + "  ".join(f"{s:<{w}}" for s, w in zip(scenarios, cols))
     lines = [head + "  free us", "-" * (len(head) + 9)]
     for ch in chains:
         row = [by[(ch, s)].label() if (ch, s) in by else "" for s in scenarios]
-        costs = [by[(ch, s)].free_us for s in scenarios
-                 if (ch, s) in by and by[(ch, s)].free_us is not None]
+        costs = [
+            by[(ch, s)].free_us
+            for s in scenarios
+            if (ch, s) in by and by[(ch, s)].free_us is not None
+        ]
         cost = f"{statistics.median(costs):8.2f}" if costs else "       -"
-        lines.append(f"{ch:<{width}}  " + "  ".join(f"{r:<{w}}" for r, w in zip(row, cols))
-                     + "  " + cost)
+        lines.append(
+            f"{ch:<{width}}  " + "  ".join(f"{r:<{w}}" for r, w in zip(row, cols)) + "  " + cost
+        )
     return "\n".join(lines)
 
 
 def to_json(cells: list[Cell], **meta) -> dict:
-    return {**meta, "cells": [{**dataclasses.asdict(c), "outcome": c.outcome,
-                               "label": c.label()} for c in cells]}
+    return {
+        **meta,
+        "cells": [
+            {**dataclasses.asdict(c), "outcome": c.outcome, "label": c.label()} for c in cells
+        ],
+    }
 
 
 def plot(cells: list[Cell], path: str) -> None:
@@ -188,16 +221,26 @@ def plot(cells: list[Cell], path: str) -> None:
     for c in cells:
         if c.free_us is None:
             continue
-        ax.scatter(max(c.free_us, 1e-2), chains.index(c.chain), c=colors[c.outcome],
-                   marker=markers.get(c.scenario, "o"), s=60, edgecolors="black", linewidths=0.4)
+        ax.scatter(
+            max(c.free_us, 1e-2),
+            chains.index(c.chain),
+            c=colors[c.outcome],
+            marker=markers.get(c.scenario, "o"),
+            s=60,
+            edgecolors="black",
+            linewidths=0.4,
+        )
     ax.set_yticks(range(len(chains)), chains, fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("median host time of deallocate (us, log scale)")
     ax.invert_yaxis()
-    handles = [plt.Line2D([], [], color=v, marker="o", linestyle="", label=k)
-               for k, v in colors.items()]
-    handles += [plt.Line2D([], [], color="gray", marker=m, linestyle="", label=s)
-                for s, m in markers.items()]
+    handles = [
+        plt.Line2D([], [], color=v, marker="o", linestyle="", label=k) for k, v in colors.items()
+    ]
+    handles += [
+        plt.Line2D([], [], color="gray", marker=m, linestyle="", label=s)
+        for s, m in markers.items()
+    ]
     ax.legend(handles=handles, fontsize=8, loc="lower right")
     ax.set_title("free without a sync: cost against outcome, per chain and scenario")
     fig.tight_layout()
@@ -206,20 +249,29 @@ def plot(cells: list[Cell], path: str) -> None:
 
 
 HELP = "the hazard matrix: which chains survive freeing while a kernel still reads"
-DESCRIPTION = ("Run the race trial in three scenarios (same-stream reuse, cross-stream reuse, "
-               "free while a kernel is in flight) on every chain and print the outcome of each "
-               "cell (correct, corrupted, crashed, hazards reported) with the cost per free.")
+DESCRIPTION = (
+    "Run the race trial in three scenarios (same-stream reuse, cross-stream reuse, "
+    "free while a kernel is in flight) on every chain and print the outcome of each "
+    "cell (correct, corrupted, crashed, hazards reported) with the cost per free."
+)
 
 
 def add_arguments(parser) -> None:
     from rmm_fences._cli._args import positive
 
-    parser.add_argument("--trials", type=positive, default=100,
-                        help="trials per cell (default 100; 20 with --quick)")
+    parser.add_argument(
+        "--trials",
+        type=positive,
+        default=100,
+        help="trials per cell (default 100; 20 with --quick)",
+    )
     parser.add_argument("--quick", action="store_true", help="20 trials per cell")
     parser.add_argument("--json", metavar="PATH", help="also write the matrix as JSON")
-    parser.add_argument("--plot", metavar="PATH",
-                        help="also draw cost against outcome per chain (PNG, needs matplotlib)")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also draw cost against outcome per chain (PNG, needs matplotlib)",
+    )
 
 
 def run(args) -> int:
@@ -229,8 +281,10 @@ def run(args) -> int:
     trials = 20 if args.quick and args.trials == 100 else args.trials
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    print(f"rmm-fences doctor on {name}: {trials} trials per cell, 4 MiB blocks, the reader "
-          "spins 0.5 ms")
+    print(
+        f"rmm-fences doctor on {name}: {trials} trials per cell, 4 MiB blocks, the reader "
+        "spins 0.5 ms"
+    )
     cells = run_matrix(trials=trials, progress=progress_bar())
     print(table(cells))
     if args.json:

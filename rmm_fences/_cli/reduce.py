@@ -9,10 +9,18 @@ HELP = "the CUB temp-storage loop (allocate, CUB reduce, free without a sync) ov
 def add_arguments(parser) -> None:
     from rmm_fences._cli._args import positive, size
 
-    parser.add_argument("--resource", metavar="SPEC", default="pool(cuda_async)",
-                        help="resource spec (default: pool(cuda_async))")
-    parser.add_argument("--n", type=size, default=1 << 20,
-                        help="float32 items per reduce (default 1M; '16M' style accepted)")
+    parser.add_argument(
+        "--resource",
+        metavar="SPEC",
+        default="pool(cuda_async)",
+        help="resource spec (default: pool(cuda_async))",
+    )
+    parser.add_argument(
+        "--n",
+        type=size,
+        default=1 << 20,
+        help="float32 items per reduce (default 1M; '16M' style accepted)",
+    )
     parser.add_argument("--iters", type=positive, default=1000, help="calls timed (default 1000)")
 
 
@@ -32,6 +40,8 @@ def run(args) -> int:
     floor = cub_temp_loop_us(x, out, None, stream, iters)
     us = cub_temp_loop_us(x, out, mr, stream, iters)
     gbs = x.nbytes / (us * 1e-6) / 1e9
-    print(f"{spec}: sum of {n} float32, {iters} calls: {us:.2f} us per call, {gbs:.1f} GB/s, "
-          f"{us / floor:.2f}x the preallocated temp buffer ({floor:.2f} us)")
+    print(
+        f"{spec}: sum of {n} float32, {iters} calls: {us:.2f} us per call, {gbs:.1f} GB/s, "
+        f"{us / floor:.2f}x the preallocated temp buffer ({floor:.2f} us)"
+    )
     return 0

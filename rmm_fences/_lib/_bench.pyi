@@ -11,9 +11,7 @@ def alloc_free_ns(
     *,
     warmup: int = 100,
 ) -> float: ...
-
 def fence_call_ns(iterations: int = 100000, stream: Any = None) -> dict[str, float]: ...
-
 def random_allocations(
     mr: DeviceMemoryResource,
     operations: int = 100000,
@@ -25,7 +23,6 @@ def random_allocations(
     random_state: int = 0,
     stream: Any = None,
 ) -> float: ...
-
 def threaded_alloc_free(
     mr: DeviceMemoryResource, nbytes: int | str, iterations: int, streams: list[Any]
 ) -> float: ...
@@ -52,5 +49,4 @@ def stress(
     random_state: int = 0,
     check_delay_ns: int = 20000,
 ) -> StressStats: ...
-
 def threaded_stream_queries(query: str, iterations: int, streams: list[Any]) -> float: ...

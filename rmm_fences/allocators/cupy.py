@@ -70,7 +70,8 @@ class CupyAllocator:
             mr = rmm.mr.get_per_device_resource(self.device)
         if not isinstance(mr, rmm.mr.DeviceMemoryResource):
             raise TypeError(
-                f"mr must be None or an rmm.mr.DeviceMemoryResource, got {type(mr).__name__}")
+                f"mr must be None or an rmm.mr.DeviceMemoryResource, got {type(mr).__name__}"
+            )
         self.mr = mr
 
     def __call__(self, nbytes: int) -> cupy.cuda.MemoryPointer:

@@ -78,7 +78,8 @@ def pytest_configure(config):
             cupy.cuda.set_allocator(CupyAllocator(_chain))
         else:
             raise pytest.UsageError(
-                f"RMM_FENCES_DS_CUPY must be rmm, rmm_fences or empty, got {how!r}")
+                f"RMM_FENCES_DS_CUPY must be rmm, rmm_fences or empty, got {how!r}"
+            )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -124,8 +125,14 @@ def _rmm_fences_chain():
 def pytest_warning_recorded(warning_message, when, nodeid, location):
     cat = warning_message.category.__name__
     if "Unraisable" in cat or "Thread" in cat:
-        _emit({"event": "unraisable", "test": nodeid, "when": when,
-               "message": str(warning_message.message)[:2000]})
+        _emit(
+            {
+                "event": "unraisable",
+                "test": nodeid,
+                "when": when,
+                "message": str(warning_message.message)[:2000],
+            }
+        )
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -145,8 +152,14 @@ def _hazards(mr):
             try:
                 mr.check()  # settle the pending checks
             except Exception as exc:  # on_hazard=raise: the hazards are listed below
-                _emit({"event": "unraisable", "test": "<sessionfinish>", "when": "check",
-                       "message": repr(exc)[:2000]})
+                _emit(
+                    {
+                        "event": "unraisable",
+                        "test": "<sessionfinish>",
+                        "when": "check",
+                        "message": repr(exc)[:2000],
+                    }
+                )
             return {"stats": dict(mr.stats), "hazards": [str(h) for h in mr.hazards][:50]}
         mr = getattr(mr, "upstream_mr", None)
     return None

@@ -58,15 +58,17 @@ CHAINS = {  # name -> rmm_fences.compose spec
 }
 CUPY_ALLOCATORS = {"rmm": "rmm_cupy_allocator", "rmm_fences": "CupyAllocator"}  # DS_CUPY: suffix
 DEFAULT_FILES = {  # globs relative to the suite's folder; any other suite: test_*.py
-    "cupy": ["cupy_tests/core_tests/test_ndarray_reduction.py",
-             "cupy_tests/core_tests/test_cub_reduction.py",
-             "cupy_tests/core_tests/test_reduction.py",
-             "cupy_tests/math_tests/test_sumprod.py",
-             "cupy_tests/**/test_scan.py",
-             "cupy_tests/sorting_tests/test_*.py",
-             "cupy_tests/statistics_tests/test_*.py",
-             "cupy_tests/cuda_tests/test_stream.py",
-             "cupy_tests/cuda_tests/test_graph.py"],
+    "cupy": [
+        "cupy_tests/core_tests/test_ndarray_reduction.py",
+        "cupy_tests/core_tests/test_cub_reduction.py",
+        "cupy_tests/core_tests/test_reduction.py",
+        "cupy_tests/math_tests/test_sumprod.py",
+        "cupy_tests/**/test_scan.py",
+        "cupy_tests/sorting_tests/test_*.py",
+        "cupy_tests/statistics_tests/test_*.py",
+        "cupy_tests/cuda_tests/test_stream.py",
+        "cupy_tests/cuda_tests/test_graph.py",
+    ],
 }
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "crashed", "not run")
 GOOD = {"passed", "skipped", "xfailed", "xpassed"}
@@ -94,28 +96,66 @@ def chain_table(specs=CHAINS, cupy_variants=True):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--suite", action="append", default=[], metavar="NAME=PATH")
-    p.add_argument("--files", nargs="+", metavar="[SUITE:]GLOB",
-                   help="test files (globs relative to the suite folder) instead of the defaults")
+    p.add_argument(
+        "--files",
+        nargs="+",
+        metavar="[SUITE:]GLOB",
+        help="test files (globs relative to the suite folder) instead of the defaults",
+    )
     p.add_argument("--out", type=Path, help="output folder")
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
-    p.add_argument("--chains", nargs="+", metavar="NAME",
-                   help="chains to run (pool selects pool+rmm_cupy_allocator etc. too)")
-    p.add_argument("--chain", action="append", default=[], metavar="NAME=SPEC",
-                   help="replace the chain table (every suite, no CuPy allocator)")
+    p.add_argument(
+        "--chains",
+        nargs="+",
+        metavar="NAME",
+        help="chains to run (pool selects pool+rmm_cupy_allocator etc. too)",
+    )
+    p.add_argument(
+        "--chain",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC",
+        help="replace the chain table (every suite, no CuPy allocator)",
+    )
     p.add_argument("--timeout-file", type=float, default=900.0, help="seconds per process")
-    p.add_argument("--timeout-test", type=float, default=300.0,
-                   help="faulthandler_timeout: a test running longer has its stacks dumped")
+    p.add_argument(
+        "--timeout-test",
+        type=float,
+        default=300.0,
+        help="faulthandler_timeout: a test running longer has its stacks dumped",
+    )
     p.add_argument("--only-baseline", action="store_true")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the files OUT already holds a finished result for; run the rest")
-    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
-                   help="start no file after SECONDS and stop the ones still running then: "
-                        "they stay unfinished, for a later --resume (a device call's limit)")
-    p.add_argument("--cupy-cache", type=Path, default=None, metavar="DIR",
-                   help="CuPy's kernel cache (CUPY_CACHE_DIR) for every process: carried from "
-                        "one GPU host session to the next, it saves the kernel compilations")
-    p.add_argument("--report-only", type=Path, metavar="OUT",
-                   help="rebuild summary.{json,md} from an existing output folder")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the files OUT already holds a finished result for; run the rest",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=(
+            "start no file after SECONDS and stop the ones still running then: "
+            "they stay unfinished, for a later --resume (a device call's limit)"
+        ),
+    )
+    p.add_argument(
+        "--cupy-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=(
+            "CuPy's kernel cache (CUPY_CACHE_DIR) for every process: carried from "
+            "one GPU host session to the next, it saves the kernel compilations"
+        ),
+    )
+    p.add_argument(
+        "--report-only",
+        type=Path,
+        metavar="OUT",
+        help="rebuild summary.{json,md} from an existing output folder",
+    )
     args = p.parse_args(argv)
     if args.report_only is None and (not args.suite or args.out is None):
         p.error("--suite and --out are required (or --report-only OUT)")
@@ -130,17 +170,23 @@ def plan(args):
     unknown = wanted - set(table) - {n.split("+")[0] for n in table}
     if unknown:
         sys.exit(f"unknown chain(s) {sorted(unknown)}; known: {sorted(table)}")
-    chains = [c for c in table if c == "baseline" or (
-              not args.only_baseline and (not wanted or wanted & {c, c.split("+")[0]}))]
+    chains = [
+        c
+        for c in table
+        if c == "baseline"
+        or (not args.only_baseline and (not wanted or wanted & {c, c.split("+")[0]}))
+    ]
     suites, jobs = {}, []
     for item in args.suite:
         name, _, path = item.partition("=")
         root = Path(path).resolve()
         if not root.is_dir():
             sys.exit(f"--suite {item}: {root} is not a folder")
-        globs = ([g.split(":", 1)[-1] for g in args.files
-                  if ":" not in g or g.split(":", 1)[0] == name]
-                 if args.files else DEFAULT_FILES.get(name, ["test_*.py"]))
+        globs = (
+            [g.split(":", 1)[-1] for g in args.files if ":" not in g or g.split(":", 1)[0] == name]
+            if args.files
+            else DEFAULT_FILES.get(name, ["test_*.py"])
+        )
         files, missing = [], []
         for pattern in globs:
             if Path(pattern).is_absolute():
@@ -153,9 +199,16 @@ def plan(args):
         where, env = table[chain]
         for name, suite in suites.items():
             if "*" in where or ("cupy" if name == "cupy" else "rmm") in where:
-                jobs += [{"suite": name, "chain": chain, "file": f, "env": env,
-                          "base": f"{name}/{chain}/{f.removesuffix('.py').replace('/', '__')}"}
-                         for f in suite["files"]]
+                jobs += [
+                    {
+                        "suite": name,
+                        "chain": chain,
+                        "file": f,
+                        "env": env,
+                        "base": f"{name}/{chain}/{f.removesuffix('.py').replace('/', '__')}",
+                    }
+                    for f in suite["files"]
+                ]
     return suites, jobs
 
 
@@ -199,10 +252,25 @@ def run_job(job, suites, out, args):
     base.parent.mkdir(parents=True, exist_ok=True)
     for ext in (".xml", ".log", ".state", ".meta.json"):
         Path(f"{base}{ext}").unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-p", "plugin", "-p", "no:cacheprovider",
-           "--rootdir", root, "--confcutdir", root, "-o",
-           f"faulthandler_timeout={args.timeout_test:g}", f"--junitxml={base}.xml", "-q", "-rfE",
-           job["file"]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "plugin",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        root,
+        "--confcutdir",
+        root,
+        "-o",
+        f"faulthandler_timeout={args.timeout_test:g}",
+        f"--junitxml={base}.xml",
+        "-q",
+        "-rfE",
+        job["file"],
+    ]
     if not any((Path(root) / n).exists() for n in INI_FILES):  # else pytest finds ours above
         cmd[3:3] = ["-c", str(out / "empty-pytest.ini")]
     extra = {**job["env"], "RMM_FENCES_DS_STATE": f"{base}.state"}
@@ -215,8 +283,15 @@ def run_job(job, suites, out, args):
         with _lock:  # no process starts once an interrupt has collected the running ones
             if _stopping.is_set():
                 return None
-            proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             _running.add(proc)
         try:
             proc.wait(timeout=limit)
@@ -232,8 +307,14 @@ def run_job(job, suites, out, args):
         for ext in (".xml", ".log", ".state"):
             Path(f"{base}{ext}").unlink(missing_ok=True)
         return None
-    meta = {**job, "cmd": cmd, "rc": proc.returncode, "timed_out": timed_out,
-            "timeout_s": args.timeout_file, "wall_s": round(time.monotonic() - t0, 1)}
+    meta = {
+        **job,
+        "cmd": cmd,
+        "rc": proc.returncode,
+        "timed_out": timed_out,
+        "timeout_s": args.timeout_file,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
     Path(f"{base}.meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -260,11 +341,19 @@ def run_all(args):
         jobs = jobs + [j for j in earlier.get("jobs", []) if j["base"] not in known]
         suites = {**earlier.get("suites", {}), **suites}
         todo = [j for j in todo if not Path(f"{out / j['base']}.meta.json").is_file()]
-        print(f"--resume: {len(jobs) - len(todo)} file(s) already done, {len(todo)} to run",
-              file=sys.stderr)
-    run = {"argv": sys.argv, "started": _now(), "suites": suites, "jobs": jobs,
-           "fake": os.environ.get("RMM_FENCES_DS_FAKE", "") == "1",
-           "versions": versions(out), "commit": commit()}
+        print(
+            f"--resume: {len(jobs) - len(todo)} file(s) already done, {len(todo)} to run",
+            file=sys.stderr,
+        )
+    run = {
+        "argv": sys.argv,
+        "started": _now(),
+        "suites": suites,
+        "jobs": jobs,
+        "fake": os.environ.get("RMM_FENCES_DS_FAKE", "") == "1",
+        "versions": versions(out),
+        "commit": commit(),
+    }
     (out / "run.json").write_text(json.dumps(run, indent=1))
     print(f"{len(todo)} pytest processes, {args.jobs} at a time, in {out}", file=sys.stderr)
     pool = cf.ThreadPoolExecutor(max_workers=max(1, args.jobs))
@@ -272,9 +361,12 @@ def run_all(args):
     try:
         for done, fut in enumerate(cf.as_completed(futures), 1):
             if m := fut.result():
-                print(f"[{done}/{len(todo)}] {m['suite']} {m['chain']} {m['file']}: rc={m['rc']}"
-                      f"{' TIMEOUT' if m['timed_out'] else ''} {m['wall_s']} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[{done}/{len(todo)}] {m['suite']} {m['chain']} {m['file']}: rc={m['rc']}"
+                    f"{' TIMEOUT' if m['timed_out'] else ''} {m['wall_s']} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     except KeyboardInterrupt:
         print("interrupted: stopping the running processes", file=sys.stderr)
         pool.shutdown(wait=False, cancel_futures=True)
@@ -292,14 +384,22 @@ def run_all(args):
 
 def versions(cwd):
     """python, rmm, cupy and rmm_fences as the suites' processes see them (same PYTHONPATH)."""
-    probe = ("import json, sys\nout = {'python': sys.version.split()[0]}\n"
-             "for m in ('rmm', 'cupy', 'rmm_fences'):\n"
-             "    try:\n        out[m] = getattr(__import__(m), '__version__', '?')\n"
-             "    except Exception as e:\n        out[m] = f'not importable: {e!r}'[:300]\n"
-             "print(json.dumps(out))")
+    probe = (
+        "import json, sys\nout = {'python': sys.version.split()[0]}\n"
+        "for m in ('rmm', 'cupy', 'rmm_fences'):\n"
+        "    try:\n        out[m] = getattr(__import__(m), '__version__', '?')\n"
+        "    except Exception as e:\n        out[m] = f'not importable: {e!r}'[:300]\n"
+        "print(json.dumps(out))"
+    )
     try:  # cwd: not this checkout, whose rmm_fences has no compiled extension
-        r = subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=child_env(),
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=cwd,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         return json.loads(r.stdout.strip().splitlines()[-1])
     except Exception as exc:  # noqa: BLE001 - a report without versions is still a report
         return {"error": repr(exc)[:300]}
@@ -312,14 +412,31 @@ def commit():
     if os.environ.get("RMM_FENCES_COMMIT"):
         return os.environ["RMM_FENCES_COMMIT"]
     try:
-        r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                           text=True, timeout=30)
+        r = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         head = r.stdout.strip()
         if not head:
             return None
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
-                                "rmm_fences", "pyproject.toml", "CMakeLists.txt"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "status",
+                "--porcelain",
+                "--",
+                "rmm_fences",
+                "pyproject.toml",
+                "CMakeLists.txt",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
         return head + ("+uncommitted changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -350,7 +467,7 @@ def read_junit(path, file):
     for tc in root.iter("testcase"):
         cls, name = tc.get("classname", ""), tc.get("name", "")
         if cls == module or cls.startswith(module + "."):  # back to file::Class::name[params]
-            test = "::".join([file, *cls[len(module) + 1:].split(".")]).rstrip(":") + "::" + name
+            test = "::".join([file, *cls[len(module) + 1 :].split(".")]).rstrip(":") + "::" + name
         else:  # a collection error or module-level skip: classname "", name the module
             test = f"{cls}::{name}" if cls else name
         outcome, message = "passed", ""
@@ -388,9 +505,15 @@ def evaluate(out, meta):
         if e.get("event") == "result":
             _merge(from_state, e["test"], e["outcome"], e.get("message", ""))
     results = read_junit(f"{base}.xml", meta["file"])
-    reason = (f"timeout after {meta['timeout_s']:g} s (killed)" if meta["timed_out"] else
-              f"killed by {_signame(-rc)}" if rc is not None and rc < 0 else
-              f"exit code {rc} without a complete junit report" if results is None else None)
+    reason = (
+        f"timeout after {meta['timeout_s']:g} s (killed)"
+        if meta["timed_out"]
+        else f"killed by {_signame(-rc)}"
+        if rc is not None and rc < 0
+        else f"exit code {rc} without a complete junit report"
+        if results is None
+        else None
+    )
     died_in = starts[-1] if starts else "<collection>"
     if reason and results is not None:  # every test reported: it died on its way out
         reason += " after the junit report was written"
@@ -399,15 +522,33 @@ def evaluate(out, meta):
     for test, r in results.items():  # junit cannot tell xpassed from passed
         if r["outcome"] == "passed" and from_state.get(test, {}).get("outcome") == "xpassed":
             r["outcome"] = "xpassed"
-    crash = reason and {"file": meta["file"], "test": died_in, "reason": reason,
-                        "log": f"{meta['base']}.log", "log_excerpt": _excerpt(f"{base}.log")}
-    unraisable = [{"file": meta["file"], "test": e.get("test"), "when": e.get("when"),
-                   "message": e.get("message") or ""}
-                  for e in events if e.get("event") == "unraisable"]
-    hazards = [{"file": meta["file"], "stats": e.get("stats") or {},
-                "count": (e.get("stats") or {}).get("hazards", len(e.get("hazards") or [])),
-                "hazards": (e.get("hazards") or [])[:10]}
-               for e in events if e.get("event") == "hazards"]
+    crash = reason and {
+        "file": meta["file"],
+        "test": died_in,
+        "reason": reason,
+        "log": f"{meta['base']}.log",
+        "log_excerpt": _excerpt(f"{base}.log"),
+    }
+    unraisable = [
+        {
+            "file": meta["file"],
+            "test": e.get("test"),
+            "when": e.get("when"),
+            "message": e.get("message") or "",
+        }
+        for e in events
+        if e.get("event") == "unraisable"
+    ]
+    hazards = [
+        {
+            "file": meta["file"],
+            "stats": e.get("stats") or {},
+            "count": (e.get("stats") or {}).get("hazards", len(e.get("hazards") or [])),
+            "hazards": (e.get("hazards") or [])[:10],
+        }
+        for e in events
+        if e.get("event") == "hazards"
+    ]
     return results, crash or None, unraisable, hazards
 
 
@@ -426,7 +567,7 @@ def _excerpt(path):
     except OSError:
         return ""
     at = max(text.rfind("Fatal Python error"), text.rfind("Timeout ("))
-    return text[at:at + 3000] if at >= 0 else text[-3000:]
+    return text[at : at + 3000] if at >= 0 else text[-3000:]
 
 
 # ------------------------------------------------------------ the report
@@ -443,8 +584,12 @@ def compare(chain, base, files):
                 res.setdefault(test, {"outcome": "not run", "message": NOT_RUN})
             for test, c in res.items():
                 b = ran.get(test, {"outcome": "absent", "message": ""})
-                row = {"test": test, "baseline": b["outcome"], "outcome": c["outcome"],
-                       "message": c["message"] or b["message"]}
+                row = {
+                    "test": test,
+                    "baseline": b["outcome"],
+                    "outcome": c["outcome"],
+                    "message": c["message"] or b["message"],
+                }
                 if b["outcome"] in GOOD | {"absent"} and c["outcome"] in BAD:
                     regressions.append(row)
                 elif b["outcome"] in BAD and c["outcome"] in ("passed", "xpassed"):
@@ -453,9 +598,15 @@ def compare(chain, base, files):
         crashes += [crash] if crash else []
         unraisable += unr
         hazards += haz
-    return {"counts": {o: counts[o] for o in OUTCOMES}, "regressions": regressions,
-            "fixed": fixed, "crashes": crashes, "unraisable": unraisable, "hazards": hazards,
-            "hazard_count": sum(h["count"] for h in hazards)}
+    return {
+        "counts": {o: counts[o] for o in OUTCOMES},
+        "regressions": regressions,
+        "fixed": fixed,
+        "crashes": crashes,
+        "unraisable": unraisable,
+        "hazards": hazards,
+        "hazard_count": sum(h["count"] for h in hazards),
+    }
 
 
 def report(out):
@@ -478,13 +629,20 @@ def report(out):
     results, failing = {}, False
     for suite, chain in envs:
         entry = compare(chain, done.get((suite, "baseline"), {}), done.get((suite, chain), {}))
-        entry.update(env=envs[suite, chain], files_done=len(done.get((suite, chain), {})),
-                     files_pending=pending.get((suite, chain), []))
+        entry.update(
+            env=envs[suite, chain],
+            files_done=len(done.get((suite, chain), {})),
+            files_pending=pending.get((suite, chain), []),
+        )
         results.setdefault(suite, {})[chain] = entry
         failing |= bool(entry["crashes"] or entry["regressions"])
-    summary = {"generated": _now(), "out": str(out), **{k: run.get(k) for k in (
-               "started", "argv", "fake", "commit", "versions", "suites")},
-               "results": results, "exit_code": int(failing)}
+    summary = {
+        "generated": _now(),
+        "out": str(out),
+        **{k: run.get(k) for k in ("started", "argv", "fake", "commit", "versions", "suites")},
+        "results": results,
+        "exit_code": int(failing),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(markdown(summary))
     width = max(map(len, results), default=0)
@@ -505,52 +663,92 @@ def report(out):
 def line(chain, e):
     c = e["counts"]
     extra = "".join(f", {c[o]} {o}" for o in OUTCOMES[4:] if c[o]) + (
-        f", {c['error']} errors" if c["error"] else "")
-    return (f"{chain}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped{extra}; "
-            f"{len(e['regressions'])} regressions, {len(e['crashes'])} crashes, "
-            f"{len(e['unraisable'])} unraisable, {e['hazard_count']} hazards")
+        f", {c['error']} errors" if c["error"] else ""
+    )
+    return (
+        f"{chain}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped{extra}; "
+        f"{len(e['regressions'])} regressions, {len(e['crashes'])} crashes, "
+        f"{len(e['unraisable'])} unraisable, {e['hazard_count']} hazards"
+    )
 
 
 def _first(message):
     """The first line of a message; of an unraisable's, the first and the exception's line."""
-    lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()
-             and not ln.startswith(("Enable tracemalloc", "See https://docs.pytest.org"))]
+    lines = [
+        ln.strip()
+        for ln in (message or "").splitlines()
+        if ln.strip() and not ln.startswith(("Enable tracemalloc", "See https://docs.pytest.org"))
+    ]
     if not lines:
         return ""
-    return (f"{lines[0]} ... {lines[-1]}" if lines[0].startswith("Exception ignored")
-            and len(lines) > 1 else lines[0])[:300]
+    return (
+        f"{lines[0]} ... {lines[-1]}"
+        if lines[0].startswith("Exception ignored") and len(lines) > 1
+        else lines[0]
+    )[:300]
 
 
 def markdown(s):
     v = s.get("versions") or {}
-    md = ["# rmm_fences downstream run", "",
-          f"{s['generated']}; rmm_fences commit `{s.get('commit')}`; "
-          + ", ".join(f"{k} {v[k]}" for k in ("python", "rmm", "cupy", "rmm_fences") if k in v)
-          + ("; **fake run (RMM_FENCES_DS_FAKE=1)**" if s.get("fake") else ""), "",
-          "| suite | chain | passed | failed | errors | skipped | regressions | crashes | "
-          "unraisable | hazards |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    md = [
+        "# rmm_fences downstream run",
+        "",
+        f"{s['generated']}; rmm_fences commit `{s.get('commit')}`; "
+        + ", ".join(f"{k} {v[k]}" for k in ("python", "rmm", "cupy", "rmm_fences") if k in v)
+        + ("; **fake run (RMM_FENCES_DS_FAKE=1)**" if s.get("fake") else ""),
+        "",
+        "| suite | chain | passed | failed | errors | skipped | regressions | crashes | "
+        "unraisable | hazards |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for suite, chains in s["results"].items():
         for chain, e in chains.items():
             c = e["counts"]
-            md.append(f"| {suite} | {chain} | {c['passed']} | {c['failed']} | {c['error']} | "
-                      f"{c['skipped'] + c['xfailed']} | {len(e['regressions'])} | "
-                      f"{len(e['crashes'])} | {len(e['unraisable'])} | {e['hazard_count']} |")
+            md.append(
+                f"| {suite} | {chain} | {c['passed']} | {c['failed']} | {c['error']} | "
+                f"{c['skipped'] + c['xfailed']} | {len(e['regressions'])} | "
+                f"{len(e['crashes'])} | {len(e['unraisable'])} | {e['hazard_count']} |"
+            )
     missing = [f"- {name}: `{p}`" for name, suite in s["suites"].items() for p in suite["missing"]]
     md += ["", "Globs that matched no file (skipped):", "", *missing] if missing else []
     for suite, chains in s["results"].items():
         for chain, e in chains.items():
             for title, items in (
-                    ("Regressions", [f"`{r['test']}`: {r['baseline']} -> {r['outcome']}: "
-                                     f"{_first(r['message'])}" for r in e["regressions"]]),
-                    ("Crashes", [f"`{c['file']}` in `{c['test']}`: {c['reason']} ({c['log']})"
-                                 for c in e["crashes"]]),
-                    ("Fixed", [f"`{r['test']}`: {r['baseline']} -> {r['outcome']}"
-                               for r in e["fixed"]]),
-                    ("Unraisable", [f"`{u['test']}` ({u['when']}): {_first(u['message'])}"
-                                    for u in e["unraisable"]]),
-                    ("Hazards", [f"`{h['file']}`: {h['count']}: {'; '.join(h['hazards'][:3])}"
-                                 for h in e["hazards"] if h["count"]]),
-                    ("Not finished", [f"`{f}`" for f in e["files_pending"]])):
+                (
+                    "Regressions",
+                    [
+                        f"`{r['test']}`: {r['baseline']} -> {r['outcome']}: {_first(r['message'])}"
+                        for r in e["regressions"]
+                    ],
+                ),
+                (
+                    "Crashes",
+                    [
+                        f"`{c['file']}` in `{c['test']}`: {c['reason']} ({c['log']})"
+                        for c in e["crashes"]
+                    ],
+                ),
+                (
+                    "Fixed",
+                    [f"`{r['test']}`: {r['baseline']} -> {r['outcome']}" for r in e["fixed"]],
+                ),
+                (
+                    "Unraisable",
+                    [
+                        f"`{u['test']}` ({u['when']}): {_first(u['message'])}"
+                        for u in e["unraisable"]
+                    ],
+                ),
+                (
+                    "Hazards",
+                    [
+                        f"`{h['file']}`: {h['count']}: {'; '.join(h['hazards'][:3])}"
+                        for h in e["hazards"]
+                        if h["count"]
+                    ],
+                ),
+                ("Not finished", [f"`{f}`" for f in e["files_pending"]]),
+            ):
                 if items:
                     md += ["", f"## {suite} / {chain}: {title} ({len(items)})", ""]
                     md += [f"- {i}" for i in items[:100]]

@@ -5,5 +5,7 @@ crashes later keeps them). Loaded by tools/gpu_host.sh with ``-p instafail``."""
 
 def pytest_runtest_logreport(report):
     if report.failed:
-        print(f"\n=== FAILED NOW {report.nodeid} ({report.when})\n"
-              f"{report.longreprtext[-3000:]}\n", flush=True)
+        print(
+            f"\n=== FAILED NOW {report.nodeid} ({report.when})\n{report.longreprtext[-3000:]}\n",
+            flush=True,
+        )
