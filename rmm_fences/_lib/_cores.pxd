@@ -151,8 +151,8 @@ cdef inline tuple hazard_kind_names():
 cdef inline tuple hazard_fields(const hazard_record& h):
     """(kind, ptr, size, tracked_size, stream, streams, stack, allocation_stack, serial, raised)."""
     return (
-        hazard_kind_name(h.kind).decode("ascii"), h.ptr, h.size, h.tracked_size, h.stream, tuple(h.streams),
-        _stack_text(h.stack), _stack_text(h.allocation_stack), h.serial, h.raised,
+        hazard_kind_name(h.kind).decode("ascii"), h.ptr, h.size, h.tracked_size, h.stream,
+        tuple(h.streams), _stack_text(h.stack), _stack_text(h.allocation_stack), h.serial, h.raised,
     )
 
 

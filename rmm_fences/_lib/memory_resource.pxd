@@ -97,7 +97,7 @@ cdef extern from "rmm_fences/hazard_tracking_resource_adaptor.hpp" \
         void* allocate_checked(stream_ref stream, size_t nbytes, size_t alignment,
                                hazard_record* stopped) except +
         cbool deallocate_checked(stream_ref stream, void* ptr, size_t nbytes, size_t alignment,
-                                hazard_record* stopped) except +
+                                 hazard_record* stopped) except +
         cbool record_stream(void* ptr, stream_ref stream) except +
         void poll() except +
         vector[allocation_record] outstanding() except +
