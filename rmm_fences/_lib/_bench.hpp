@@ -6,14 +6,14 @@
 // The native loops of rmm_fences.bench (the _bench extension): not a public header, and not
 // installed with the package.
 
+#include <rmm_fences/detail/driver_api.hpp>
+
 #include <rmm/aligned.hpp>
 #include <rmm/detail/error.hpp>
 #include <rmm/resource_ref.hpp>
 
 #include <cuda/stream>
 #include <cuda_runtime_api.h>
-
-#include <rmm_fences/detail/driver_api.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -44,12 +44,16 @@ inline double alloc_free_ns(rmm::device_async_resource_ref mr,
                             std::uint64_t warmup)
 {
   for (std::uint64_t i = 0; i < warmup; ++i) {
-    mr.deallocate(stream, mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT), bytes,
+    mr.deallocate(stream,
+                  mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
+                  bytes,
                   rmm::CUDA_ALLOCATION_ALIGNMENT);
   }
   auto const start = std::chrono::steady_clock::now();
   for (std::uint64_t i = 0; i < iterations; ++i) {
-    mr.deallocate(stream, mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT), bytes,
+    mr.deallocate(stream,
+                  mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
+                  bytes,
                   rmm::CUDA_ALLOCATION_ALIGNMENT);
   }
   auto const stop = std::chrono::steady_clock::now();
@@ -74,7 +78,7 @@ struct fence_costs {
 inline fence_costs fence_call_ns(cuda::stream_ref stream, std::uint64_t iterations)
 {
   using clock = std::chrono::steady_clock;
-  auto time = [iterations](auto&& call) {
+  auto time   = [iterations](auto&& call) {
     auto const start = clock::now();
     for (std::uint64_t i = 0; i < iterations; ++i) {
       call();
@@ -145,8 +149,7 @@ inline double random_allocations_ops(rmm::device_async_resource_ref mr,
     } else {
       auto const k = static_cast<std::size_t>(rng() % live.size());
       std::swap(live[k], live.back());
-      mr.deallocate(stream, live.back().first, live.back().second,
-                    rmm::CUDA_ALLOCATION_ALIGNMENT);
+      mr.deallocate(stream, live.back().first, live.back().second, rmm::CUDA_ALLOCATION_ALIGNMENT);
       live_bytes -= live.back().second;
       live.pop_back();
     }
@@ -179,13 +182,17 @@ inline double threaded_alloc_free_pairs(rmm::device_async_resource_ref mr,
       (void)cudaSetDevice(device);
       cuda::stream_ref stream{handle};
       for (int i = 0; i < 100; ++i) {  // warm up: the stream's slot, caches
-        mr.deallocate(stream, mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT), bytes,
+        mr.deallocate(stream,
+                      mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
+                      bytes,
                       rmm::CUDA_ALLOCATION_ALIGNMENT);
       }
       ready.fetch_add(1);
       while (!go.load()) {}
       for (std::uint64_t i = 0; i < iterations; ++i) {
-        mr.deallocate(stream, mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT), bytes,
+        mr.deallocate(stream,
+                      mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
+                      bytes,
                       rmm::CUDA_ALLOCATION_ALIGNMENT);
       }
     });
@@ -239,8 +246,7 @@ inline double threaded_stream_queries(int which,
   for (auto& t : threads) {
     t.join();
   }
-  auto const secs =
-    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return static_cast<double>(iterations * streams.size()) / secs;
 }
 
@@ -258,8 +264,17 @@ struct stress_stats {
 namespace detail {
 
 /// cuLaunchKernel, obtained through the runtime (no link against libcuda).
-using launch_kernel_fn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
-                                      unsigned, unsigned, unsigned, CUstream, void**, void**);
+using launch_kernel_fn = CUresult (*)(CUfunction,
+                                      unsigned,
+                                      unsigned,
+                                      unsigned,
+                                      unsigned,
+                                      unsigned,
+                                      unsigned,
+                                      unsigned,
+                                      CUstream,
+                                      void**,
+                                      void**);
 
 inline launch_kernel_fn launch_kernel_entry()
 {
@@ -273,10 +288,9 @@ inline std::uint32_t pattern_key(std::uint64_t random_state,
                                  std::uint64_t thread,
                                  std::uint64_t serial)
 {
-  std::uint64_t z =
-    random_state + 0x9E3779B97F4A7C15ULL * (thread * 0x100000001ULL + serial + 1);
-  z = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
+  std::uint64_t z = random_state + 0x9E3779B97F4A7C15ULL * (thread * 0x100000001ULL + serial + 1);
+  z               = (z ^ (z >> 30U)) * 0xBF58476D1CE4E5B9ULL;
+  z               = (z ^ (z >> 27U)) * 0x94D049BB133111EBULL;
   return static_cast<std::uint32_t>((z ^ (z >> 31U)) & 0xFFFFFFFFULL);
 }
 
@@ -325,7 +339,7 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
   RMM_CUDA_TRY(cudaGetDevice(&device));
 
   constexpr unsigned block_threads = 256;
-  std::size_t max_shift = 0;  // sizes 256 << k for k <= max_shift
+  std::size_t max_shift            = 0;  // sizes 256 << k for k <= max_shift
   while (max_shift < 40 && (std::size_t{256} << (max_shift + 1)) <= max_bytes) {
     ++max_shift;
   }
@@ -339,8 +353,7 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
   std::atomic<bool> stop{false};
   std::mutex failure_mutex;
   std::exception_ptr failure;
-  std::atomic<std::uint64_t> iterations{0}, allocations{0}, bytes{0}, cross{0}, oom{0},
-    checks{0};
+  std::atomic<std::uint64_t> iterations{0}, allocations{0}, bytes{0}, cross{0}, oom{0}, checks{0};
 
   auto const start    = std::chrono::steady_clock::now();
   auto const deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -355,11 +368,11 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
     std::vector<block> live;
     live.reserve(max_live + 1);
     std::mt19937_64 rng{random_state * 0x2545F4914F6CDD1DULL + t};
-    auto const own  = streams[t];
-    auto const cu   = [](cudaStream_t s) { return reinterpret_cast<CUstream>(s); };
-    std::uint64_t serial = 0;
-    std::uint64_t my_iterations = 0, my_allocations = 0, my_bytes = 0, my_cross = 0,
-                  my_oom = 0, my_checks = 0;
+    auto const own              = streams[t];
+    auto const cu               = [](cudaStream_t s) { return reinterpret_cast<CUstream>(s); };
+    std::uint64_t serial        = 0;
+    std::uint64_t my_iterations = 0, my_allocations = 0, my_bytes = 0, my_cross = 0, my_oom = 0,
+                  my_checks = 0;
 
     auto run = [&](CUfunction f, block const& b, bool with_errors) {
       auto* ptr             = b.ptr;
@@ -368,10 +381,19 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
       void* args_fill[]     = {&ptr, &nw, &key};
       auto delay            = check_delay_ns;
       void* args_check[]    = {&ptr, &nw, &key, &errors, &delay};
-      auto const grid =
-        static_cast<unsigned>(std::min<std::size_t>(1024, (nw + block_threads - 1) / block_threads));
-      CUresult const r = launch(f, std::max(grid, 1U), 1, 1, block_threads, 1, 1, 0, cu(own),
-                                with_errors ? args_check : args_fill, nullptr);
+      auto const grid       = static_cast<unsigned>(
+        std::min<std::size_t>(1024, (nw + block_threads - 1) / block_threads));
+      CUresult const r = launch(f,
+                                std::max(grid, 1U),
+                                1,
+                                1,
+                                block_threads,
+                                1,
+                                1,
+                                0,
+                                cu(own),
+                                with_errors ? args_check : args_fill,
+                                nullptr);
       if (r != CUDA_SUCCESS) {
         throw std::runtime_error("stress: cuLaunchKernel failed with CUresult " +
                                  std::to_string(static_cast<int>(r)));
@@ -403,8 +425,7 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
 
     try {
       RMM_CUDA_TRY(cudaSetDevice(device));  // makes the primary context current (driver calls)
-      while (!stop.load(std::memory_order_relaxed) &&
-             std::chrono::steady_clock::now() < deadline) {
+      while (!stop.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < deadline) {
         ++my_iterations;
         auto const shift = static_cast<std::size_t>(rng() % (max_shift + 1));
         std::size_t size = std::size_t{256} << shift;
@@ -477,8 +498,13 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (failure) { std::rethrow_exception(failure); }
   RMM_CUDA_TRY(sync_error);
-  return stress_stats{iterations.load(), allocations.load(), bytes.load(), cross.load(),
-                      oom.load(),       checks.load(),      elapsed};
+  return stress_stats{iterations.load(),
+                      allocations.load(),
+                      bytes.load(),
+                      cross.load(),
+                      oom.load(),
+                      checks.load(),
+                      elapsed};
 }
 
 }  // namespace rmm_fences::bench

@@ -76,9 +76,7 @@ class hazard_tracking_resource_adaptor
                                        std::size_t bytes,
                                        std::size_t alignment,
                                        hazard_record* stopped)
-  {
-    return get().core().allocate(stream, bytes, alignment, stopped);
-  }
+  { return get().core().allocate(stream, bytes, alignment, stopped); }
 
   /**
    * @brief `deallocate` that can stop a hazard: with `stopped` given, a free that shows one
@@ -89,23 +87,16 @@ class hazard_tracking_resource_adaptor
                           std::size_t bytes,
                           std::size_t alignment,
                           hazard_record* stopped)
-  {
-    return get().core().deallocate(stream, ptr, bytes, alignment, stopped);
-  }
+  { return get().core().deallocate(stream, ptr, bytes, alignment, stopped); }
 
   /// Declares that `stream` uses the live allocation starting at `ptr`; false if there is none.
   bool record_stream(void* ptr, cuda::stream_ref stream)
-  {
-    return get().core().record_stream(ptr, stream);
-  }
+  { return get().core().record_stream(ptr, stream); }
 
   /// Settles the deferred checks that can be settled now.
   void poll() { get().core().poll(); }
   /// The live allocations, oldest first.
-  [[nodiscard]] std::vector<allocation_record> outstanding()
-  {
-    return get().core().outstanding();
-  }
+  [[nodiscard]] std::vector<allocation_record> outstanding() { return get().core().outstanding(); }
   /// The hazards recorded since construction or `reset`, oldest first.
   [[nodiscard]] std::vector<hazard_record> hazards() { return get().core().hazards(); }
   /// Forgets the recorded hazards; the peak restarts from the bytes allocated now.
@@ -113,22 +104,16 @@ class hazard_tracking_resource_adaptor
   [[nodiscard]] stats_type stats() { return get().core().stats(); }
   /// Bytes allocated and not freed, per allocation stream key.
   [[nodiscard]] std::vector<std::pair<std::uintptr_t, std::size_t>> stream_bytes()
-  {
-    return get().core().stream_bytes();
-  }
+  { return get().core().stream_bytes(); }
   /// Deferred checks not settled yet.
   [[nodiscard]] std::size_t pending_checks() { return get().core().pending_checks(); }
 
   /// Calls `hook(record, context)` for each hazard not raised to the caller (nullptr: none).
   void set_hazard_hook(hazard_hook hook, void* context) noexcept
-  {
-    get().core().set_hazard_hook(hook, context);
-  }
+  { get().core().set_hazard_hook(hook, context); }
   /// Stacks on (with an optional source of Python frames) or off.
   void set_capture_stacks(bool on, python_stack_hook python) noexcept
-  {
-    get().core().set_capture_stacks(on, python);
-  }
+  { get().core().set_capture_stacks(on, python); }
   /// Whether a tool (compute-sanitizer, Nsight) took the NVTX annotations so far.
   [[nodiscard]] bool nvtx_active() noexcept { return get().nvtx_active(); }
 };

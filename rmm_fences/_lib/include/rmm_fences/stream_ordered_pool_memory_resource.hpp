@@ -54,9 +54,7 @@ class stream_ordered_pool_memory_resource
   [[nodiscard]] void* try_allocate_cached(cuda::stream_ref stream,
                                           std::size_t bytes,
                                           std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  {
-    return get().try_allocate_cached(stream, bytes, alignment);
-  }
+  { return get().try_allocate_cached(stream, bytes, alignment); }
 
   /// `deallocate` that tells what it found: 0 freed, 1 not a live block (double free or foreign
   /// pointer), 2 size mismatch (`allocated_bytes` set), 3 a stream of another device.
@@ -64,9 +62,7 @@ class stream_ordered_pool_memory_resource
                                        void* ptr,
                                        std::size_t bytes,
                                        std::size_t* allocated_bytes) noexcept
-  {
-    return get().deallocate_checked(stream, ptr, bytes, allocated_bytes);
-  }
+  { return get().deallocate_checked(stream, ptr, bytes, allocated_bytes); }
 
   /// Fences `stream` and shares its cached blocks; call before destroying the stream.
   void retire_stream(cuda::stream_ref stream) { get().retire_stream(stream); }
@@ -74,9 +70,7 @@ class stream_ordered_pool_memory_resource
   std::size_t release() { return get().release(); }
   [[nodiscard]] std::size_t pool_size() const noexcept { return get().pool_size(); }
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
-  {
-    return get().maximum_pool_size();
-  }
+  { return get().maximum_pool_size(); }
   [[nodiscard]] stream_ordered_pool_stats stats() { return get().stats(); }
 };
 

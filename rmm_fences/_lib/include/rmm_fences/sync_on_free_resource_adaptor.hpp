@@ -61,18 +61,14 @@ class sync_on_free_resource_adaptor
                                  void* ptr,
                                  std::size_t bytes,
                                  std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    return get().deallocate_checked(stream, ptr, bytes, alignment);
-  }
+  { return get().deallocate_checked(stream, ptr, bytes, alignment); }
 
   /// Blocks until every pending block went upstream (see the implementation for the exceptions).
   void flush() { get().flush(); }
 
   [[nodiscard]] sync_mode mode() const noexcept { return get().mode(); }
   [[nodiscard]] std::optional<std::size_t> max_pending_bytes() const noexcept
-  {
-    return get().max_pending_bytes();
-  }
+  { return get().max_pending_bytes(); }
   /// Bytes freed by the caller that did not reach the upstream yet.
   [[nodiscard]] std::size_t pending_bytes() const { return get().pending_bytes(); }
   /// Freed blocks that did not reach the upstream yet.

@@ -35,9 +35,8 @@ class unmapping_vmm_memory_resource
    * @param device the device whose memory backs the allocations
    */
   unmapping_vmm_memory_resource(std::size_t reserve_size, rmm::cuda_device_id device)
-    : shared_base(cuda::std::in_place_type<detail::unmapping_vmm_memory_resource_impl>,
-                  reserve_size,
-                  device)
+    : shared_base(
+        cuda::std::in_place_type<detail::unmapping_vmm_memory_resource_impl>, reserve_size, device)
   {
   }
 
@@ -49,8 +48,7 @@ class unmapping_vmm_memory_resource
   [[nodiscard]] std::size_t mapped_bytes() const { return get().mapped_bytes(); }
 };
 
-static_assert(
-  cuda::mr::resource_with<unmapping_vmm_memory_resource, cuda::mr::device_accessible>,
-  "unmapping_vmm_memory_resource does not satisfy the cuda::mr::resource concept");
+static_assert(cuda::mr::resource_with<unmapping_vmm_memory_resource, cuda::mr::device_accessible>,
+              "unmapping_vmm_memory_resource does not satisfy the cuda::mr::resource concept");
 
 }  // namespace rmm_fences::mr

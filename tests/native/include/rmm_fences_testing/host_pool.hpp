@@ -277,9 +277,7 @@ class host_pool_platform {
   static no_scope relax() noexcept { return {}; }
 
   [[noreturn]] static void throw_out_of_memory(std::size_t, std::size_t)
-  {
-    throw pool_host_out_of_memory{};
-  }
+  { throw pool_host_out_of_memory{}; }
 
   static void report_rejected_free(char const* line) noexcept { (void)line; }
 
@@ -425,9 +423,10 @@ class host_pool {
   void fail_next(int kind, int n)
   {
     std::lock_guard<std::mutex> lock(log_->mutex);
-    (kind == 0 ? log_->fail_records
-               : kind == 1 ? log_->fail_waits
-                           : kind == 2 ? log_->fail_syncs : log_->fail_stream_syncs) = n;
+    (kind == 0   ? log_->fail_records
+     : kind == 1 ? log_->fail_waits
+     : kind == 2 ? log_->fail_syncs
+                 : log_->fail_stream_syncs) = n;
   }
 
   /// Inside the next device sync, "another thread" frees `p` on `stream` (after the sync

@@ -418,9 +418,7 @@ class host_upstream {
       used_{other.used_},
       live_{std::move(other.live_)},
       board_{std::move(other.board_)}
-  {
-    other.live_.clear();
-  }
+  { other.live_.clear(); }
 
   [[nodiscard]] std::size_t used() const
   {
@@ -474,9 +472,7 @@ class host_sync_on_free {
   }
 
   void* allocate(std::uintptr_t stream, std::size_t bytes, std::size_t alignment)
-  {
-    return core_.allocate(stream, bytes, alignment);
-  }
+  { return core_.allocate(stream, bytes, alignment); }
 
   /**
    * @brief Launches work that uses `ptr` on `stream`, then frees it (checked).
@@ -490,8 +486,8 @@ class host_sync_on_free {
                                          std::int64_t* fence_out,
                                          bool checked = true)
   {
-    auto const p     = reinterpret_cast<std::uintptr_t>(ptr);
-    auto const noted = core_.upstream().note_last_use(p, board_->launch(stream));
+    auto const p            = reinterpret_cast<std::uintptr_t>(ptr);
+    auto const noted        = core_.upstream().note_last_use(p, board_->launch(stream));
     std::size_t first_fence = 0;
     {
       std::lock_guard<std::recursive_mutex> lock(board_->m);
@@ -526,14 +522,10 @@ class host_sync_on_free {
 
   /// The noexcept `deallocate` (reports a bad free on stderr), without the harness's bookkeeping.
   void deallocate_unchecked(std::uintptr_t stream, void* ptr, std::size_t bytes, std::size_t align)
-  {
-    core_.deallocate(stream, ptr, bytes, align);
-  }
+  { core_.deallocate(stream, ptr, bytes, align); }
 
   [[nodiscard]] bool is_pending(void* ptr)
-  {
-    return core_.upstream().noted(reinterpret_cast<std::uintptr_t>(ptr));
-  }
+  { return core_.upstream().noted(reinterpret_cast<std::uintptr_t>(ptr)); }
 
   std::set<void*> pending_set()
   {
@@ -554,8 +546,7 @@ class host_sync_on_free {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     board_->after_sync_device = [this, stream, ptr, bytes] {
       std::int64_t fence = -1;
-      core_.upstream().note_last_use(reinterpret_cast<std::uintptr_t>(ptr),
-                                     board_->launch(stream));
+      core_.upstream().note_last_use(reinterpret_cast<std::uintptr_t>(ptr), board_->launch(stream));
       board_->begin_capture(stream);
       (void)core_.deallocate_checked(stream, ptr, bytes, 256);
       board_->end_capture(stream);
@@ -589,7 +580,7 @@ class host_sync_on_free {
             } catch (host_out_of_memory const&) {
             }
           } else if (r < 90) {
-            auto const k = rng() % live.size();
+            auto const k         = rng() % live.size();
             auto [ptr, bytes, s] = live[k];
             live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
             std::int64_t fence = -1;

@@ -68,10 +68,10 @@ struct sim_device {
 
   mutable std::recursive_mutex mutex;
   std::map<std::uintptr_t, std::deque<item>> streams;
-  std::vector<bool> records;                ///< completion of every record ever made
-  std::vector<std::uintptr_t> record_on;    ///< the stream of every record
-  std::vector<std::ptrdiff_t> current;      ///< fence -> its current record (-1: never recorded)
-  std::vector<bool> in_use;                 ///< fence -> acquired and not released
+  std::vector<bool> records;              ///< completion of every record ever made
+  std::vector<std::uintptr_t> record_on;  ///< the stream of every record
+  std::vector<std::ptrdiff_t> current;    ///< fence -> its current record (-1: never recorded)
+  std::vector<bool> in_use;               ///< fence -> acquired and not released
   std::vector<std::size_t> free_fences;
   std::set<std::uintptr_t> capturing;
   std::set<std::uintptr_t> failing_records;
@@ -240,9 +240,7 @@ class sim_platform {
   explicit sim_platform(std::shared_ptr<sim_device> device) : device_{std::move(device)} {}
 
   static std::uintptr_t key(stream_type stream) noexcept
-  {
-    return stream == per_thread_handle ? keys::key(sim_thread_token()) : stream;
-  }
+  { return stream == per_thread_handle ? keys::key(sim_thread_token()) : stream; }
 
   /// The handle of `key`'s stream; nullopt for another thread's per-thread default stream.
   static std::optional<stream_type> stream(std::uintptr_t key) noexcept
@@ -288,9 +286,7 @@ class sim_upstream {
   };
 
   explicit sim_upstream(bool stream_ordered) : state_{std::make_shared<state>()}
-  {
-    state_->stream_ordered = stream_ordered;
-  }
+  { state_->stream_ordered = stream_ordered; }
 
   void* allocate(std::uintptr_t stream, std::size_t bytes, std::size_t)
   {
@@ -329,8 +325,7 @@ class sim_upstream {
     }
     s.out.erase(it);
     ++s.deallocations;
-    s.cache[std::make_pair(s.stream_ordered ? sim_platform::key(stream) : 0, bytes)].push_back(
-      ptr);
+    s.cache[std::make_pair(s.stream_ordered ? sim_platform::key(stream) : 0, bytes)].push_back(ptr);
   }
 
   void hand_out_next(std::uintptr_t ptr)
@@ -384,11 +379,11 @@ class sim_hazard_tracker {
    * @brief Real threads on one tracker, each on its own stream and its per-thread default
    * stream: allocate, launch and complete work, free on the allocation stream after its work
    * completed or on their other stream (with the allocation stream's work completed or not:
-   * a hazard the tracker must report), make foreign frees, and hand blocks allocated on their per-thread stream to the next
-   * thread, which frees them on its own per-thread stream (a free that cannot be ordered:
-   * reported, counted as unchecked). In phases: between two, with every thread stopped, the
-   * stats are checked against the live records and the hazards against what was done.
-   * Blocks nothing else; call it without the GIL.
+   * a hazard the tracker must report), make foreign frees, and hand blocks allocated on their
+   * per-thread stream to the next thread, which frees them on its own per-thread stream (a free
+   * that cannot be ordered: reported, counted as unchecked). In phases: between two, with every
+   * thread stopped, the stats are checked against the live records and the hazards against what was
+   * done. Blocks nothing else; call it without the GIL.
    */
   thread_run run_threads(unsigned threads,
                          unsigned phases,
@@ -460,12 +455,10 @@ class sim_hazard_tracker {
         }
         if (other != 0) { run.errors.push_back("a hazard nobody made"); }
         if (stats.unchecked != run.handed_over) {
-          run.errors.push_back("unchecked " + std::to_string(stats.unchecked) +
-                               " != handed over " + std::to_string(run.handed_over));
+          run.errors.push_back("unchecked " + std::to_string(stats.unchecked) + " != handed over " +
+                               std::to_string(run.handed_over));
         }
-        if (stats.hazards != cross + foreign + in_flight) {
-          run.errors.push_back("hazard count");
-        }
+        if (stats.hazards != cross + foreign + in_flight) { run.errors.push_back("hazard count"); }
       } catch (std::exception const& e) {
         run.errors.push_back(std::string{"check threw: "} + e.what());
       }
@@ -475,9 +468,9 @@ class sim_hazard_tracker {
     auto body = [&](unsigned me) {
       simulated_thread() = 0;  // a real thread: its own per-thread default stream
       std::mt19937_64 rng{random_state * 1000003U + me};
-      auto const own = static_cast<std::uintptr_t>(4096 + 8 * me);  // a plain stream
+      auto const own  = static_cast<std::uintptr_t>(4096 + 8 * me);  // a plain stream
       auto const ptds = sim_platform::per_thread_handle;
-      auto& mine     = live[me];
+      auto& mine      = live[me];
       std::vector<std::pair<std::uintptr_t, std::size_t>> to_give;  // on my per-thread stream
       auto drain = [&](std::uintptr_t s) {
         while (device_->step(sim_platform::key(s))) {}
@@ -490,7 +483,7 @@ class sim_hazard_tracker {
               case 1: {
                 std::size_t const size = 256U << (rng() % 3);
                 bool const on_ptds     = rng() % 2 == 0;
-                auto* p = core_.allocate(on_ptds ? ptds : own, size, 256);
+                auto* p                = core_.allocate(on_ptds ? ptds : own, size, 256);
                 {
                   std::lock_guard<std::mutex> lock(run_mutex);
                   run.allocations += 1;
@@ -520,7 +513,7 @@ class sim_hazard_tracker {
                   block         = mine[at];
                   mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(at));
                 }
-                auto const s = (block.second & 1U) != 0 ? ptds : own;
+                auto const s     = (block.second & 1U) != 0 ? ptds : own;
                 auto const other = s == own ? ptds : own;
                 bool const cross = rng() % 2 == 0;  // freed on the other stream of mine
                 if (cross) {
@@ -530,8 +523,10 @@ class sim_hazard_tracker {
                   drain(s);  // the work that used it ran: a clean free
                 }
                 bool const busy = cross && !device_->idle(sim_platform::key(s));
-                (void)core_.deallocate(cross ? other : s, reinterpret_cast<void*>(block.first),
-                                       block.second & ~std::size_t{1}, 256);
+                (void)core_.deallocate(cross ? other : s,
+                                       reinterpret_cast<void*>(block.first),
+                                       block.second & ~std::size_t{1},
+                                       256);
                 std::lock_guard<std::mutex> lock(run_mutex);
                 run.frees += 1;
                 run.busy_frees += busy ? 1 : 0;
@@ -588,8 +583,8 @@ class sim_hazard_tracker {
         drain(ptds);
         for (auto const& block : mine) {
           auto const s = (block.second & 1U) != 0 ? ptds : own;
-          (void)core_.deallocate(s, reinterpret_cast<void*>(block.first),
-                                 block.second & ~std::size_t{1}, 256);
+          (void)core_.deallocate(
+            s, reinterpret_cast<void*>(block.first), block.second & ~std::size_t{1}, 256);
           std::lock_guard<std::mutex> lock(run_mutex);
           run.frees += 1;
         }

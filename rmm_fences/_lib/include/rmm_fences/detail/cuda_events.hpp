@@ -208,9 +208,7 @@ class cuda_platform : public cuda_event_fence_ops {
   }
 
   static bool is_capturing(cuda::stream_ref stream) noexcept
-  {
-    return rmm_fences::detail::is_capturing(stream);
-  }
+  { return rmm_fences::detail::is_capturing(stream); }
 
   /// Synchronizes the adaptor's device; false when that failed (nothing is known then).
   bool sync_device() noexcept

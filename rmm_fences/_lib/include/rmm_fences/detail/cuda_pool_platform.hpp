@@ -81,20 +81,14 @@ class cuda_pool_platform {
   static void destroy_fence(cudaEvent_t event) noexcept { (void)cudaEventDestroy(event); }
 
   static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
-  {
-    return cuda_platform::record(event, stream);
-  }
+  { return cuda_platform::record(event, stream); }
 
   /// Enqueues on `waiter` a wait for `event` (device side: the host does not block).
   static bool stream_wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
-  {
-    return cuda_platform::stream_wait(waiter, event);
-  }
+  { return cuda_platform::stream_wait(waiter, event); }
 
   static bool is_capturing(cuda::stream_ref stream) noexcept
-  {
-    return rmm_fences::detail::is_capturing(stream);
-  }
+  { return rmm_fences::detail::is_capturing(stream); }
 
   bool sync_device() const noexcept
   {
@@ -168,9 +162,7 @@ class cuda_pool_platform {
   }
 
   static void report_rejected_free(char const* line) noexcept
-  {
-    std::fprintf(stderr, "%s\n", line);
-  }
+  { std::fprintf(stderr, "%s\n", line); }
 
   static cuda::stream_ref default_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
 

@@ -63,20 +63,14 @@ class cuda_tracker_platform : public cuda_event_fence_ops {
   void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
 
   static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
-  {
-    return cuda_platform::record(event, stream);
-  }
+  { return cuda_platform::record(event, stream); }
 
   /// `waiter` waits on the device for `event`'s record; the host does not block.
   static bool wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
-  {
-    return cuda_platform::stream_wait(waiter, event);
-  }
+  { return cuda_platform::stream_wait(waiter, event); }
 
   static bool is_capturing(cuda::stream_ref stream) noexcept
-  {
-    return rmm_fences::detail::is_capturing(stream);
-  }
+  { return rmm_fences::detail::is_capturing(stream); }
 
   void annotate_allocation(void* ptr, std::size_t bytes) noexcept { nvtx_.on_allocate(ptr, bytes); }
   void annotate_free(void* ptr) noexcept { nvtx_.on_free(ptr); }

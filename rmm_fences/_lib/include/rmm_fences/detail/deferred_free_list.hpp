@@ -84,9 +84,7 @@ class deferred_free_list {
 
   /// Appends a block freed on `stream` whose release waits for `fence`.
   void push(stream_key stream, deferred_block block, fence_type fence)
-  {
-    append(entry{block, std::move(fence), next_seq_++, stream, unknown_stream});
-  }
+  { append(entry{block, std::move(fence), next_seq_++, stream, unknown_stream}); }
 
   /**
    * @brief Appends a block freed on `stream` without a fence.
@@ -264,9 +262,7 @@ class deferred_free_list {
   }
 
   [[nodiscard]] queue* find(stream_key stream)
-  {
-    return const_cast<queue*>(static_cast<deferred_free_list const*>(this)->find(stream));
-  }
+  { return const_cast<queue*>(static_cast<deferred_free_list const*>(this)->find(stream)); }
 
   void append(entry e)
   {

@@ -59,20 +59,17 @@ struct driver_api {
  private:
   template <typename Fn>
   static Fn entry(char const* name) noexcept
-  {
-    return driver_entry_point<Fn>(name);
-  }
+  { return driver_entry_point<Fn>(name); }
 
   static driver_api load() noexcept
   {
     driver_api api;
-    api.event_record        = entry<event_record_fn>("cuEventRecord");
-    api.event_query         = entry<event_query_fn>("cuEventQuery");
-    api.stream_is_capturing = entry<is_capturing_fn>("cuStreamIsCapturing");
-    api.stream_get_id       = entry<stream_get_id_fn>("cuStreamGetId");
-    api.stream_wait_event   = entry<stream_wait_fn>("cuStreamWaitEvent");
-    api.exchange_capture_mode =
-      entry<exchange_mode_fn>("cuThreadExchangeStreamCaptureMode");
+    api.event_record          = entry<event_record_fn>("cuEventRecord");
+    api.event_query           = entry<event_query_fn>("cuEventQuery");
+    api.stream_is_capturing   = entry<is_capturing_fn>("cuStreamIsCapturing");
+    api.stream_get_id         = entry<stream_get_id_fn>("cuStreamGetId");
+    api.stream_wait_event     = entry<stream_wait_fn>("cuStreamWaitEvent");
+    api.exchange_capture_mode = entry<exchange_mode_fn>("cuThreadExchangeStreamCaptureMode");
     api.mem_get_address_range = entry<address_range_fn>("cuMemGetAddressRange");
     return api;
   }
@@ -90,7 +87,7 @@ class relaxed_capture_scope {
   relaxed_capture_scope() noexcept
   {
     if (auto const exchange = driver_api::get().exchange_capture_mode; exchange != nullptr) {
-      mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+      mode_   = CU_STREAM_CAPTURE_MODE_RELAXED;
       active_ = exchange(&mode_) == CUDA_SUCCESS;
     }
   }

@@ -66,7 +66,7 @@ class free_list {
       if (prev->first + prev->second.size == ptr && !is_chunk_start(ptr)) {
         ptr = prev->first;
         size += prev->second.size;
-        tag  = Tag::merge(std::move(prev->second.tag), std::move(tag));
+        tag = Tag::merge(std::move(prev->second.tag), std::move(tag));
         erase(prev);
       }
     }
@@ -92,8 +92,8 @@ class free_list {
   {
     auto const slack = alignment > pool_granularity ? alignment - pool_granularity : 0;
     for (auto it = by_size_.lower_bound({size, nullptr}); it != by_size_.end(); ++it) {
-      if (it->first < size + slack && aligned_end(it->second, alignment) + size >
-                                        it->second + it->first) {
+      if (it->first < size + slack &&
+          aligned_end(it->second, alignment) + size > it->second + it->first) {
         continue;  // big enough only without the alignment padding
       }
       return carve(by_addr_.find(it->second), size, alignment);

@@ -109,14 +109,10 @@ struct per_thread_stream_keys {
   }
 
   static constexpr std::uintptr_t key(std::uint64_t token) noexcept
-  {
-    return (static_cast<std::uintptr_t>(token) << 3U) | tag;
-  }
+  { return (static_cast<std::uintptr_t>(token) << 3U) | tag; }
 
   static constexpr bool is_per_thread(std::uintptr_t key) noexcept
-  {
-    return (key & 7U) == tag && key > 7U;
-  }
+  { return (key & 7U) == tag && key > 7U; }
 };
 
 /// One observed hazard.
@@ -125,7 +121,7 @@ struct hazard_record {
   std::uintptr_t ptr{};
   std::size_t size{};          ///< bytes named by the call that showed the hazard
   std::size_t tracked_size{};  ///< bytes of the block as allocated (0: not a live block)
-  std::uintptr_t stream{};  ///< stream of the call that showed the hazard
+  std::uintptr_t stream{};     ///< stream of the call that showed the hazard
   /// Streams whose unfinished work makes it a hazard (empty for bad frees and leaks).
   std::vector<std::uintptr_t> streams;
   std::shared_ptr<stack_trace const> stack;             ///< the call that showed it
@@ -138,7 +134,7 @@ struct hazard_record {
 struct allocation_record {
   std::uintptr_t ptr{};
   std::size_t size{};
-  std::uintptr_t stream{};                ///< allocation stream
+  std::uintptr_t stream{};               ///< allocation stream
   std::vector<std::uintptr_t> declared;  ///< streams declared with record_stream
   std::shared_ptr<stack_trace const> stack;
   std::uint64_t serial{};
@@ -155,7 +151,7 @@ struct hazard_tracker_stats {
   /// stream wait, a stream the freeing thread cannot name (another thread's per-thread default
   /// stream), a watched range dropped at the cap, no fence to be had.
   std::uint64_t unchecked{};
-  std::uint64_t hazards{};         ///< hazards observed (including dropped ones)
+  std::uint64_t hazards{};  ///< hazards observed (including dropped ones)
   std::size_t allocated_bytes{};
   std::size_t peak_bytes{};
 };
@@ -188,9 +184,7 @@ class hazard_tracker_core {
     : upstream_{std::move(upstream)},
       ordered_{upstream_stream_ordered},
       platform_{std::forward<PlatformArgs>(args)...}
-  {
-    recently_freed_.resize(recently_freed_slots);
-  }
+  { recently_freed_.resize(recently_freed_slots); }
 
   hazard_tracker_core(hazard_tracker_core const&)            = delete;
   hazard_tracker_core& operator=(hazard_tracker_core const&) = delete;
@@ -340,7 +334,7 @@ class hazard_tracker_core {
     {
       std::lock_guard<spin_mutex> lock(mutex_);
       poll_locked(notices);
-      auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+      auto const key    = reinterpret_cast<std::uintptr_t>(ptr);
       auto* const block = live_.find(key);
       if (block == nullptr) {
         auto const& freed = recently_freed_[freed_slot(key)];
@@ -446,9 +440,8 @@ class hazard_tracker_core {
           ptr, block->size, block->stream, block->declared, block->stack, block->serial});
       }
     });
-    std::sort(out.begin(), out.end(), [](auto const& a, auto const& b) {
-      return a.serial < b.serial;
-    });
+    std::sort(
+      out.begin(), out.end(), [](auto const& a, auto const& b) { return a.serial < b.serial; });
     return out;
   }
 
@@ -559,9 +552,7 @@ class hazard_tracker_core {
 
   /// Direct-mapped by 256-byte granule: blocks within 16 MiB of each other never collide.
   static std::size_t freed_slot(std::uintptr_t ptr) noexcept
-  {
-    return static_cast<std::size_t>(ptr >> 8U) & (recently_freed_slots - 1);
-  }
+  { return static_cast<std::size_t>(ptr >> 8U) & (recently_freed_slots - 1); }
 
   /// The stream of `key` when a fence can be recorded on it now. Otherwise nullopt, and the
   /// key is listed in `unreachable` (another thread's per-thread default stream, which this
@@ -602,9 +593,7 @@ class hazard_tracker_core {
   }
 
   static bool declares(live_block const& block, std::uintptr_t key)
-  {
-    return std::find(block.declared.begin(), block.declared.end(), key) != block.declared.end();
-  }
+  { return std::find(block.declared.begin(), block.declared.end(), key) != block.declared.end(); }
 
   std::shared_ptr<stack_trace const> capture_stack() const
   {
@@ -621,8 +610,8 @@ class hazard_tracker_core {
                          hazard_record* stopped,
                          std::vector<hazard_record>& notices)
   {
-    auto const free_key  = Platform::key(stream);
-    auto const alloc_key = block.stream;
+    auto const free_key        = Platform::key(stream);
+    auto const alloc_key       = block.stream;
     bool const undeclared_user = alloc_key != free_key && !declares(block, alloc_key);
     bool const declared_other  = std::any_of(
       block.declared.begin(), block.declared.end(), [&](auto s) { return s != free_key; });
@@ -762,9 +751,10 @@ class hazard_tracker_core {
   {
     if (unreachable.empty()) { return; }
     stats_.unchecked += unreachable.size();
-    note_locked(free_hazard(hazard_kind::cross_stream_free, ptr, block, free_key,
-                            std::move(unreachable), stack),
-                notices);
+    note_locked(
+      free_hazard(
+        hazard_kind::cross_stream_free, ptr, block, free_key, std::move(unreachable), stack),
+      notices);
   }
 
   /// A freed range overlapping [ptr, ptr + bytes) with an unfinished fence of another stream.
@@ -786,8 +776,8 @@ class hazard_tracker_core {
         ++it;
         continue;
       }
-      auto const state = !found && range.stream != key ? platform_.query(range.fence)
-                                                       : fence_state::complete;
+      auto const state =
+        !found && range.stream != key ? platform_.query(range.fence) : fence_state::complete;
       if (state == fence_state::failed) { stats_.unchecked += 1; }
       if (state == fence_state::pending) {
         hazard_record hazard{};
@@ -806,7 +796,9 @@ class hazard_tracker_core {
     return found;
   }
 
-  void watch_freed_locked(std::uintptr_t ptr, std::size_t size, std::uintptr_t stream,
+  void watch_freed_locked(std::uintptr_t ptr,
+                          std::size_t size,
+                          std::uintptr_t stream,
                           held_fence& fence)
   {
     if (freed_.size() >= max_freed_ranges) {
@@ -940,9 +932,7 @@ class hazard_tracker_core {
   }
 
   void remember_freed_locked(std::uintptr_t ptr, std::size_t size) noexcept
-  {
-    recently_freed_[freed_slot(ptr)] = freed_address{ptr, size};
-  }
+  { recently_freed_[freed_slot(ptr)] = freed_address{ptr, size}; }
 
   Upstream upstream_;
   bool const ordered_;

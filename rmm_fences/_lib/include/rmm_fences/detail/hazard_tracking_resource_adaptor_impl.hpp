@@ -28,16 +28,14 @@ class hazard_tracking_resource_adaptor_impl {
   using upstream_type = cuda::mr::any_resource<cuda::mr::device_accessible>;
 
  public:
-  using core_type = rmm_fences::detail::hazard_tracker_core<rmm_fences::detail::cuda_tracker_platform,
-                                                            upstream_type>;
+  using core_type =
+    rmm_fences::detail::hazard_tracker_core<rmm_fences::detail::cuda_tracker_platform,
+                                            upstream_type>;
 
   hazard_tracking_resource_adaptor_impl(upstream_type upstream,
                                         bool upstream_stream_ordered,
                                         bool nvtx)
-    : core_{std::move(upstream),
-            upstream_stream_ordered,
-            rmm::get_current_cuda_device(),
-            nvtx}
+    : core_{std::move(upstream), upstream_stream_ordered, rmm::get_current_cuda_device(), nvtx}
   {
   }
 
@@ -61,21 +59,15 @@ class hazard_tracking_resource_adaptor_impl {
     delete;
 
   bool operator==(hazard_tracking_resource_adaptor_impl const& other) const noexcept
-  {
-    return this == std::addressof(other);
-  }
+  { return this == std::addressof(other); }
   bool operator!=(hazard_tracking_resource_adaptor_impl const& other) const noexcept
-  {
-    return !(*this == other);
-  }
+  { return !(*this == other); }
 
   /// Allocates from the upstream and tracks the block (hazards are recorded, never thrown).
   [[nodiscard]] void* allocate(cuda::stream_ref stream,
                                std::size_t bytes,
                                std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  {
-    return core_.allocate(stream, bytes, alignment);
-  }
+  { return core_.allocate(stream, bytes, alignment); }
 
   /// Frees a tracked block; a bad free is recorded and never reaches the upstream.
   void deallocate(cuda::stream_ref stream,
@@ -102,14 +94,10 @@ class hazard_tracking_resource_adaptor_impl {
   void deallocate_sync(void* ptr,
                        std::size_t bytes,
                        std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    deallocate(cuda::stream_ref{cudaStream_t{}}, ptr, bytes, alignment);
-  }
+  { deallocate(cuda::stream_ref{cudaStream_t{}}, ptr, bytes, alignment); }
 
   [[nodiscard]] rmm::device_async_resource_ref get_upstream_resource() const noexcept
-  {
-    return rmm::device_async_resource_ref{const_cast<upstream_type&>(core_.upstream())};
-  }
+  { return rmm::device_async_resource_ref{const_cast<upstream_type&>(core_.upstream())}; }
 
   [[nodiscard]] core_type& core() noexcept { return core_; }
 

@@ -33,13 +33,9 @@ class inline_vector {
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
 
   [[nodiscard]] T& operator[](std::size_t i) noexcept
-  {
-    return i < N ? inline_[i] : overflow_[i - N];
-  }
+  { return i < N ? inline_[i] : overflow_[i - N]; }
   [[nodiscard]] T const& operator[](std::size_t i) const noexcept
-  {
-    return i < N ? inline_[i] : overflow_[i - N];
-  }
+  { return i < N ? inline_[i] : overflow_[i - N]; }
 
   void clear() noexcept
   {

@@ -43,20 +43,15 @@ class naive_caching_memory_resource_impl {
     release();
   }
 
-  naive_caching_memory_resource_impl(naive_caching_memory_resource_impl const&) = delete;
-  naive_caching_memory_resource_impl(naive_caching_memory_resource_impl&&)      = delete;
-  naive_caching_memory_resource_impl& operator=(naive_caching_memory_resource_impl const&) =
-    delete;
-  naive_caching_memory_resource_impl& operator=(naive_caching_memory_resource_impl&&) = delete;
+  naive_caching_memory_resource_impl(naive_caching_memory_resource_impl const&)            = delete;
+  naive_caching_memory_resource_impl(naive_caching_memory_resource_impl&&)                 = delete;
+  naive_caching_memory_resource_impl& operator=(naive_caching_memory_resource_impl const&) = delete;
+  naive_caching_memory_resource_impl& operator=(naive_caching_memory_resource_impl&&)      = delete;
 
   bool operator==(naive_caching_memory_resource_impl const& other) const noexcept
-  {
-    return this == std::addressof(other);
-  }
+  { return this == std::addressof(other); }
   bool operator!=(naive_caching_memory_resource_impl const& other) const noexcept
-  {
-    return !(*this == other);
-  }
+  { return !(*this == other); }
 
   /// A cached block of exactly this size and alignment if any (no fence!), else the upstream's.
   [[nodiscard]] void* allocate(cuda::stream_ref stream,
@@ -105,9 +100,7 @@ class naive_caching_memory_resource_impl {
   void deallocate_sync(void* ptr,
                        std::size_t bytes,
                        std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    deallocate(cuda::stream_ref{cudaStream_t{}}, ptr, bytes, alignment);
-  }
+  { deallocate(cuda::stream_ref{cudaStream_t{}}, ptr, bytes, alignment); }
 
   /// Returns every cached block to the upstream (on the default stream).
   void release() noexcept

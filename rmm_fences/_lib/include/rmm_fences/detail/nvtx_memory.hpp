@@ -98,12 +98,12 @@ class nvtx_memory_annotator {
     nvtxMemRegionRef_t ref{};
     ref.pointer = ptr;
     nvtxMemRegionsUnregisterBatch_t batch{};
-    batch.extCompatID          = NVTX_EXT_COMPATID_MEM;
-    batch.structSize           = sizeof(batch);
-    batch.refType              = NVTX_MEM_REGION_REF_TYPE_POINTER;
-    batch.refCount             = 1;
-    batch.refElementSize       = sizeof(ref);
-    batch.refElements          = &ref;
+    batch.extCompatID    = NVTX_EXT_COMPATID_MEM;
+    batch.structSize     = sizeof(batch);
+    batch.refType        = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    batch.refCount       = 1;
+    batch.refElementSize = sizeof(ref);
+    batch.refElements    = &ref;
     nvtxMemRegionsUnregister(domain_, &batch);
     auto const heap = heaps_.find(region->second);
     regions_.erase(region);

@@ -86,7 +86,7 @@ class pointer_map {
     for (auto j = next(i);; j = next(j)) {
       auto& s = slots_[j];
       if (s.key == 0) { break; }
-      auto const h = home(s.key);
+      auto const h       = home(s.key);
       bool const movable = (i <= j) ? (h <= i || h > j) : (h <= i && h > j);
       if (movable) {
         slots_[i].key   = s.key;
@@ -124,9 +124,7 @@ class pointer_map {
   }
 
   [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept
-  {
-    return static_cast<std::size_t>(((key >> 8U) * 0x9E3779B97F4A7C15ULL) >> shift_);
-  }
+  { return static_cast<std::size_t>(((key >> 8U) * 0x9E3779B97F4A7C15ULL) >> shift_); }
   [[nodiscard]] std::size_t next(std::size_t i) const noexcept { return (i + 1) & mask_; }
 
   void rehash(std::size_t count)

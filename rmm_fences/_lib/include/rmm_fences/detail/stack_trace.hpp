@@ -61,9 +61,7 @@ struct stack_trace {
     std::string line{symbol};
     auto const open = line.find('(');
     auto const plus = line.find('+', open);
-    if (open == std::string::npos || plus == std::string::npos || plus == open + 1) {
-      return line;
-    }
+    if (open == std::string::npos || plus == std::string::npos || plus == open + 1) { return line; }
     auto const mangled = line.substr(open + 1, plus - open - 1);
     int status         = 0;
     char* readable     = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);

@@ -183,15 +183,13 @@ class stream_ordered_pool_core {
       generation_{next_generation()}
   {
     if (initial_pool_size > 0) {
-      if (initial_pool_size > max_request) {
-        Platform::throw_out_of_memory(initial_pool_size, 0);
-      }
+      if (initial_pool_size > max_request) { Platform::throw_out_of_memory(initial_pool_size, 0); }
       auto const size = round_to_granule(initial_pool_size);
       // On the pool's own stream, synchronized: the chunk is then free of any earlier work
       // and listed untagged.
-      [[maybe_unused]] auto relaxed      = platform_.relax();
-      auto const stream = platform_.private_stream();
-      void* ptr         = upstream_.allocate(stream, size, pool_granularity);
+      [[maybe_unused]] auto relaxed = platform_.relax();
+      auto const stream             = platform_.private_stream();
+      void* ptr                     = upstream_.allocate(stream, size, pool_granularity);
       if (!platform_.sync_stream(stream)) {
         upstream_.deallocate(stream, ptr, size, pool_granularity);
         Platform::throw_out_of_memory(initial_pool_size, 0);
@@ -247,8 +245,7 @@ class stream_ordered_pool_core {
     if (!valid_request(bytes, alignment)) { return nullptr; }  // `allocate` says why
     auto* slot = lookup(stream);
     if (slot == nullptr) { return nullptr; }
-    return from_cache(*slot, bytes, round_to_granule(bytes),
-                      std::max(alignment, pool_granularity));
+    return from_cache(*slot, bytes, round_to_granule(bytes), std::max(alignment, pool_granularity));
   }
 
   /**
@@ -271,15 +268,11 @@ class stream_ordered_pool_core {
     }
     auto& slot = *slot_ptr;
     if (void* ptr = from_cache(slot, bytes, size, align); ptr != nullptr) { return ptr; }
-    if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) {
-      return ptr;
-    }
+    if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     request_fences(slot);
     if (void* ptr = grow(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     if (!platform_.is_capturing(stream) && reclaim()) {
-      if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) {
-        return ptr;
-      }
+      if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     }
     Platform::throw_out_of_memory(bytes, pool_bytes_.load(std::memory_order_relaxed));
   }
@@ -303,8 +296,8 @@ class stream_ordered_pool_core {
       rejected_frees_.fetch_add(1, std::memory_order_relaxed);
       return {free_status::foreign_stream, 0};
     }
-    auto& slot      = *slot_ptr;
-    auto const key  = reinterpret_cast<std::uintptr_t>(ptr);
+    auto& slot     = *slot_ptr;
+    auto const key = reinterpret_cast<std::uintptr_t>(ptr);
     std::unique_lock<spin_mutex> lock(slot.mutex);
     if (auto const i = slot.live.find_index(key); i != slot.live.npos) {
       if (slot.live.value_at(i) != bytes) {
@@ -394,8 +387,8 @@ class stream_ordered_pool_core {
     std::size_t returned = 0;
     if (whole.empty()) { return 0; }
     // On the pool's own stream: never the legacy stream, which a capture may forbid.
-    [[maybe_unused]] auto relaxed      = platform_.relax();
-    auto const stream = platform_.private_stream();
+    [[maybe_unused]] auto relaxed = platform_.relax();
+    auto const stream             = platform_.private_stream();
     for (auto const& [ptr, size] : whole) {
       upstream_.deallocate(stream, ptr, size, pool_granularity);
       returned += size;
@@ -405,14 +398,10 @@ class stream_ordered_pool_core {
 
   /// Bytes held from the upstream.
   [[nodiscard]] std::size_t pool_size() const noexcept
-  {
-    return pool_bytes_.load(std::memory_order_relaxed);
-  }
+  { return pool_bytes_.load(std::memory_order_relaxed); }
 
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
-  {
-    return maximum_pool_size_;
-  }
+  { return maximum_pool_size_; }
 
   /**
    * @brief A snapshot of the counters.
@@ -430,9 +419,9 @@ class stream_ordered_pool_core {
       same_stream += slot.same_stream_hits;
     });
     rmm_fences::mr::stream_ordered_pool_stats s;
-    s.current_bytes      = static_cast<std::uint64_t>(current_bytes_.load(std::memory_order_relaxed));
-    s.peak_bytes         = peak_bytes_.load(std::memory_order_relaxed);
-    s.pool_bytes         = pool_bytes_.load(std::memory_order_relaxed);
+    s.current_bytes = static_cast<std::uint64_t>(current_bytes_.load(std::memory_order_relaxed));
+    s.peak_bytes    = peak_bytes_.load(std::memory_order_relaxed);
+    s.pool_bytes    = pool_bytes_.load(std::memory_order_relaxed);
     s.same_stream_reuse  = same_stream;
     s.cross_stream_reuse = cross_stream_reuse_.load(std::memory_order_relaxed);
     s.upstream_growths   = growths_.load(std::memory_order_relaxed);
@@ -484,8 +473,8 @@ class stream_ordered_pool_core {
     static fence_tag merge(fence_tag a, fence_tag b)
     {
       for (auto& need : b.needs) {
-        auto it = std::find_if(a.needs.begin(), a.needs.end(),
-                               [&](auto const& n) { return n.first == need.first; });
+        auto it = std::find_if(
+          a.needs.begin(), a.needs.end(), [&](auto const& n) { return n.first == need.first; });
         if (it == a.needs.end()) {
           a.needs.push_back(std::move(need));
         } else {
@@ -514,9 +503,9 @@ class stream_ordered_pool_core {
     std::uint64_t const serial;
     Platform* const platform;
 
-    spin_mutex mutex;                     // guards the fields below
-    free_list<no_tag> cache;              // freed on this stream since its last fence
-    std::int64_t balance{};               // bytes allocated minus freed, not yet settled
+    spin_mutex mutex;         // guards the fields below
+    free_list<no_tag> cache;  // freed on this stream since its last fence
+    std::int64_t balance{};   // bytes allocated minus freed, not yet settled
     std::uint64_t same_stream_hits{};
     // The last few frees, kept as they are (no coalescing yet) for exact-size reuse without
     // touching the free list; part of the cache in every other respect (`flush_recent`).
@@ -524,15 +513,15 @@ class stream_ordered_pool_core {
     std::size_t recent_count{};
     std::size_t recent_bytes{};
     std::unordered_map<std::uint64_t, std::uint64_t> waited;  // other slot serial -> fence no.
-    pointer_map<std::size_t> live{64};    // blocks handed out on this slot -> requested bytes
+    pointer_map<std::size_t> live{64};  // blocks handed out on this slot -> requested bytes
     std::atomic<bool> fence_requested{};
     // Another stream once missed while this one held free blocks: from then on the byte rule
     // counts the last exact-size frees too (so a big free is fenced for the next taker).
     std::atomic<bool> demanded{};
 
-    std::mutex fence_mutex;               // guards fence and fence_number (after `mutex`)
-    std::optional<fence_type> fence;      // re-recorded at each fence of this stream
-    std::uint64_t fence_number{};         // how many times it was recorded
+    std::mutex fence_mutex;           // guards fence and fence_number (after `mutex`)
+    std::optional<fence_type> fence;  // re-recorded at each fence of this stream
+    std::uint64_t fence_number{};     // how many times it was recorded
   };
 
   /// Calls `f(slot)` for every slot, live or retired (a retired slot may still cache blocks
@@ -602,23 +591,30 @@ class stream_ordered_pool_core {
     char line[256];
     switch (r.status) {
       case free_status::size_mismatch:
-        std::snprintf(line, sizeof(line),
+        std::snprintf(line,
+                      sizeof(line),
                       "StreamOrderedPoolMemoryResource: rejected free of %p: size mismatch: "
                       "allocated %zu bytes, freed with %zu; the pool is unchanged",
-                      ptr, r.allocated_bytes, bytes);
+                      ptr,
+                      r.allocated_bytes,
+                      bytes);
         break;
       case free_status::foreign_stream:
-        std::snprintf(line, sizeof(line),
+        std::snprintf(line,
+                      sizeof(line),
                       "StreamOrderedPoolMemoryResource: rejected free of %p (%zu bytes): the "
                       "stream belongs to another device; the pool is unchanged",
-                      ptr, bytes);
+                      ptr,
+                      bytes);
         break;
       default:
-        std::snprintf(line, sizeof(line),
+        std::snprintf(line,
+                      sizeof(line),
                       "StreamOrderedPoolMemoryResource: rejected free of %p (%zu bytes): double "
                       "free or foreign pointer (not a live block of this pool); the pool is "
                       "unchanged",
-                      ptr, bytes);
+                      ptr,
+                      bytes);
         break;
     }
     platform_.report_rejected_free(line);
@@ -670,9 +666,7 @@ class stream_ordered_pool_core {
 
   /// Lists `ptr` as handed out on `slot` (caller holds slot.mutex). May throw bad_alloc.
   static void track(slot_type& slot, char* ptr, std::size_t bytes)
-  {
-    slot.live.insert_or_assign(reinterpret_cast<std::uintptr_t>(ptr), bytes);
-  }
+  { slot.live.insert_or_assign(reinterpret_cast<std::uintptr_t>(ptr), bytes); }
 
   /// Counts an allocation made on a slower path straight into the pool's totals.
   void* account(void* ptr, std::size_t size) noexcept
@@ -686,8 +680,8 @@ class stream_ordered_pool_core {
     auto const now = current_bytes_.fetch_add(delta, std::memory_order_relaxed) + delta;
     auto peak      = peak_bytes_.load(std::memory_order_relaxed);
     while (now > 0 && static_cast<std::size_t>(now) > peak &&
-           !peak_bytes_.compare_exchange_weak(peak, static_cast<std::size_t>(now),
-                                              std::memory_order_relaxed)) {}
+           !peak_bytes_.compare_exchange_weak(
+             peak, static_cast<std::size_t>(now), std::memory_order_relaxed)) {}
   }
 
   /// Adds a slot's balance to the pool's totals (caller holds slot.mutex).
@@ -830,11 +824,8 @@ class stream_ordered_pool_core {
   }
 
   /// Takes a block from the shared list for `slot`'s stream, enqueuing the fence waits it needs.
-  void* take_shared(slot_type& slot,
-                    stream_type stream,
-                    std::size_t bytes,
-                    std::size_t size,
-                    std::size_t align)
+  void* take_shared(
+    slot_type& slot, stream_type stream, std::size_t bytes, std::size_t size, std::size_t align)
   {
     typename free_list<fence_tag>::block b;
     {
@@ -925,31 +916,25 @@ class stream_ordered_pool_core {
    * `slot`'s cache when no fence can be recorded). While `stream` is captured, the chunk comes
    * on the pool's own stream, which is synchronized; the rest is then listed untagged.
    */
-  void* grow(slot_type& slot,
-             stream_type stream,
-             std::size_t bytes,
-             std::size_t size,
-             std::size_t align)
+  void* grow(
+    slot_type& slot, stream_type stream, std::size_t bytes, std::size_t size, std::size_t align)
   {
     std::lock_guard<std::mutex> growth_lock(growth_mutex_);
     // Another thread may have grown while this one waited.
-    if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) {
-      return ptr;
-    }
-    auto const need  = size + (align > pool_granularity ? align : 0);
-    auto const held  = pool_bytes_.load(std::memory_order_relaxed);
-    auto const room  = maximum_pool_size_ ? (*maximum_pool_size_ > held
-                                                ? *maximum_pool_size_ - held
-                                                : std::size_t{0})
-                                          : SIZE_MAX;
+    if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
+    auto const need = size + (align > pool_granularity ? align : 0);
+    auto const held = pool_bytes_.load(std::memory_order_relaxed);
+    auto const room = maximum_pool_size_
+                        ? (*maximum_pool_size_ > held ? *maximum_pool_size_ - held : std::size_t{0})
+                        : SIZE_MAX;
     if (need > room) { return nullptr; }
     auto chunk = std::min(room, std::max(need, held == 0 ? default_first_chunk : held));
     chunk      = round_to_granule(chunk);
     // cudaMalloc would invalidate a global-mode capture; a stream sync is allowed in relaxed
     // mode on a stream that is not captured.
-    [[maybe_unused]] auto relaxed         = platform_.relax();
-    bool const capturing = platform_.is_capturing(stream);
-    auto const on        = capturing ? platform_.private_stream() : stream;
+    [[maybe_unused]] auto relaxed = platform_.relax();
+    bool const capturing          = platform_.is_capturing(stream);
+    auto const on                 = capturing ? platform_.private_stream() : stream;
     while (true) {
       char* ptr = nullptr;
       try {
@@ -969,7 +954,7 @@ class stream_ordered_pool_core {
       }
       fence_tag tag;
       if (chunk > size) {  // a rest to list (alignment padding included)
-        auto owner = shared_from_slot(slot);
+        auto owner        = shared_from_slot(slot);
         auto const number = owner ? record_fence(slot, stream) : std::nullopt;
         if (!number) {  // no fence: the rest stays usable by this stream only
           return add_chunk(ptr, chunk, size, align, fence_tag{}, &slot, &slot, bytes);
@@ -1092,8 +1077,7 @@ class stream_ordered_pool_core {
     {
       std::lock_guard<std::mutex> lock(shared_mutex_);
       for (auto& b : fenced) {
-        shared_.insert(b.ptr, b.size, synced ? fence_tag{} : std::move(b.tag),
-                       chunk_start_test());
+        shared_.insert(b.ptr, b.size, synced ? fence_tag{} : std::move(b.tag), chunk_start_test());
       }
       if (synced) {
         for (auto const& d : caches) {

@@ -26,18 +26,16 @@ namespace rmm_fences::mr::detail {
  */
 class stream_ordered_pool_memory_resource_impl {
   using upstream_type = cuda::mr::any_resource<cuda::mr::device_accessible>;
-  using core_type     = rmm_fences::detail::stream_ordered_pool_core<
-    rmm_fences::detail::cuda_pool_platform,
-    upstream_type>;
+  using core_type =
+    rmm_fences::detail::stream_ordered_pool_core<rmm_fences::detail::cuda_pool_platform,
+                                                 upstream_type>;
 
  public:
   stream_ordered_pool_memory_resource_impl(upstream_type upstream,
                                            std::size_t initial_pool_size,
                                            std::optional<std::size_t> maximum_pool_size)
-    : core_{std::move(upstream),
-            initial_pool_size,
-            maximum_pool_size,
-            rmm::get_current_cuda_device()}
+    : core_{
+        std::move(upstream), initial_pool_size, maximum_pool_size, rmm::get_current_cuda_device()}
   {
   }
 
@@ -57,33 +55,25 @@ class stream_ordered_pool_memory_resource_impl {
     delete;
   stream_ordered_pool_memory_resource_impl(stream_ordered_pool_memory_resource_impl&&) = delete;
   stream_ordered_pool_memory_resource_impl& operator=(
-    stream_ordered_pool_memory_resource_impl const&)                                    = delete;
-  stream_ordered_pool_memory_resource_impl& operator=(
-    stream_ordered_pool_memory_resource_impl&&) = delete;
+    stream_ordered_pool_memory_resource_impl const&) = delete;
+  stream_ordered_pool_memory_resource_impl& operator=(stream_ordered_pool_memory_resource_impl&&) =
+    delete;
 
   bool operator==(stream_ordered_pool_memory_resource_impl const& other) const noexcept
-  {
-    return this == std::addressof(other);
-  }
+  { return this == std::addressof(other); }
   bool operator!=(stream_ordered_pool_memory_resource_impl const& other) const noexcept
-  {
-    return !(*this == other);
-  }
+  { return !(*this == other); }
 
   [[nodiscard]] void* allocate(cuda::stream_ref stream,
                                std::size_t bytes,
                                std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  {
-    return core_.allocate(stream, bytes, alignment);
-  }
+  { return core_.allocate(stream, bytes, alignment); }
 
   void deallocate(cuda::stream_ref stream,
                   void* ptr,
                   std::size_t bytes,
                   std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    core_.deallocate(stream, ptr, bytes, alignment);
-  }
+  { core_.deallocate(stream, ptr, bytes, alignment); }
 
   /**
    * @brief `deallocate` that tells what it found: 0 freed, 1 not a live block of this pool
@@ -112,9 +102,7 @@ class stream_ordered_pool_memory_resource_impl {
   void deallocate_sync(void* ptr,
                        std::size_t bytes,
                        std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    deallocate(core_.platform().default_stream(), ptr, bytes, alignment);
-  }
+  { deallocate(core_.platform().default_stream(), ptr, bytes, alignment); }
 
   /// Fences `stream` and shares its cached blocks; call before destroying the stream.
   void retire_stream(cuda::stream_ref stream) { core_.retire_stream(stream); }
@@ -128,9 +116,7 @@ class stream_ordered_pool_memory_resource_impl {
 
   [[nodiscard]] std::size_t pool_size() const noexcept { return core_.pool_size(); }
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
-  {
-    return core_.maximum_pool_size();
-  }
+  { return core_.maximum_pool_size(); }
   [[nodiscard]] stream_ordered_pool_stats stats() { return core_.stats(); }
 
   /// The same-stream path alone (never blocks, no CUDA call but the stream identity): a block
@@ -138,14 +124,10 @@ class stream_ordered_pool_memory_resource_impl {
   [[nodiscard]] void* try_allocate_cached(cuda::stream_ref stream,
                                           std::size_t bytes,
                                           std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  {
-    return core_.try_allocate_cached(stream, bytes, alignment);
-  }
+  { return core_.try_allocate_cached(stream, bytes, alignment); }
 
   [[nodiscard]] rmm::device_async_resource_ref get_upstream_resource() const noexcept
-  {
-    return rmm::device_async_resource_ref{const_cast<upstream_type&>(core_.upstream())};
-  }
+  { return rmm::device_async_resource_ref{const_cast<upstream_type&>(core_.upstream())}; }
 
   friend void get_property(stream_ordered_pool_memory_resource_impl const&,
                            cuda::mr::device_accessible) noexcept

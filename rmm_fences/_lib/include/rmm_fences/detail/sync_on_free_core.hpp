@@ -235,9 +235,7 @@ class sync_on_free_core {
   [[nodiscard]] rmm_fences::mr::sync_mode mode() const noexcept { return mode_; }
 
   [[nodiscard]] std::optional<std::size_t> max_pending_bytes() const noexcept
-  {
-    return max_pending_bytes_;
-  }
+  { return max_pending_bytes_; }
 
   /// Bytes freed by the caller that did not reach the upstream yet.
   [[nodiscard]] std::size_t pending_bytes() const
@@ -326,12 +324,15 @@ class sync_on_free_core {
       std::fprintf(stderr,
                    "rmm_fences: SyncOnFreeResourceAdaptor rejected the free of %p (%zu bytes): "
                    "size mismatch, the block was allocated with %zu bytes; nothing was freed\n",
-                   ptr, bytes, r.allocated_bytes);
+                   ptr,
+                   bytes,
+                   r.allocated_bytes);
     } else {
       std::fprintf(stderr,
                    "rmm_fences: SyncOnFreeResourceAdaptor rejected the free of %p (%zu bytes): "
                    "%s; nothing was freed\n",
-                   ptr, bytes,
+                   ptr,
+                   bytes,
                    r.check == free_check::pending
                      ? "double free, the block is already freed and pending its fence"
                      : "not a live block of this adaptor (double free or foreign pointer)");
@@ -475,7 +476,7 @@ class sync_on_free_core {
   {
     try {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto const key = platform_.key(stream);
+      auto const key   = platform_.key(stream);
       std::uint64_t id = list_type::unknown_stream;
       if (verifiable) {
         if (auto const* known = known_id(key); known != nullptr) { id = *known; }

@@ -26,8 +26,8 @@ namespace rmm_fences::mr::detail {
  */
 class sync_on_free_resource_adaptor_impl {
   using upstream_type = cuda::mr::any_resource<cuda::mr::device_accessible>;
-  using core_type = rmm_fences::detail::sync_on_free_core<rmm_fences::detail::cuda_platform,
-                                                          upstream_type>;
+  using core_type =
+    rmm_fences::detail::sync_on_free_core<rmm_fences::detail::cuda_platform, upstream_type>;
 
  public:
   sync_on_free_resource_adaptor_impl(upstream_type upstream,
@@ -54,28 +54,21 @@ class sync_on_free_resource_adaptor_impl {
     platform.events().destroy_all();
   }
 
-  sync_on_free_resource_adaptor_impl(sync_on_free_resource_adaptor_impl const&) = delete;
-  sync_on_free_resource_adaptor_impl(sync_on_free_resource_adaptor_impl&&)      = delete;
-  sync_on_free_resource_adaptor_impl& operator=(sync_on_free_resource_adaptor_impl const&) =
-    delete;
-  sync_on_free_resource_adaptor_impl& operator=(sync_on_free_resource_adaptor_impl&&) = delete;
+  sync_on_free_resource_adaptor_impl(sync_on_free_resource_adaptor_impl const&)            = delete;
+  sync_on_free_resource_adaptor_impl(sync_on_free_resource_adaptor_impl&&)                 = delete;
+  sync_on_free_resource_adaptor_impl& operator=(sync_on_free_resource_adaptor_impl const&) = delete;
+  sync_on_free_resource_adaptor_impl& operator=(sync_on_free_resource_adaptor_impl&&)      = delete;
 
   bool operator==(sync_on_free_resource_adaptor_impl const& other) const noexcept
-  {
-    return this == std::addressof(other);
-  }
+  { return this == std::addressof(other); }
   bool operator!=(sync_on_free_resource_adaptor_impl const& other) const noexcept
-  {
-    return !(*this == other);
-  }
+  { return !(*this == other); }
 
   /// Returns ready blocks upstream, then allocates; drains and retries once on out-of-memory.
   [[nodiscard]] void* allocate(cuda::stream_ref stream,
                                std::size_t bytes,
                                std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  {
-    return core_.allocate(stream, bytes, alignment);
-  }
+  { return core_.allocate(stream, bytes, alignment); }
 
   /// Frees by the mode's rule; never blocks in deferred mode. A bad free (double free, foreign
   /// pointer, size mismatch) changes nothing: counted in `rejected_frees`, one line on stderr.
@@ -83,9 +76,7 @@ class sync_on_free_resource_adaptor_impl {
                   void* ptr,
                   std::size_t bytes,
                   std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    core_.deallocate(stream, ptr, bytes, alignment);
-  }
+  { core_.deallocate(stream, ptr, bytes, alignment); }
 
   /**
    * @brief `deallocate` that returns what the check of the free found instead of printing it.
@@ -96,9 +87,7 @@ class sync_on_free_resource_adaptor_impl {
                                  void* ptr,
                                  std::size_t bytes,
                                  std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    return core_.deallocate_checked(stream, ptr, bytes, alignment);
-  }
+  { return core_.deallocate_checked(stream, ptr, bytes, alignment); }
 
   /// Allocates on the default stream and synchronizes it.
   [[nodiscard]] void* allocate_sync(std::size_t bytes,
@@ -114,9 +103,7 @@ class sync_on_free_resource_adaptor_impl {
   void deallocate_sync(void* ptr,
                        std::size_t bytes,
                        std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    deallocate(core_.platform().default_stream(), ptr, bytes, alignment);
-  }
+  { deallocate(core_.platform().default_stream(), ptr, bytes, alignment); }
 
   /// Blocks until every pending block went upstream, except those whose fence wait and a device
   /// synchronization both failed (a capture under way): they stay pending.
@@ -128,15 +115,11 @@ class sync_on_free_resource_adaptor_impl {
   }
 
   [[nodiscard]] rmm::device_async_resource_ref get_upstream_resource() const noexcept
-  {
-    return rmm::device_async_resource_ref{const_cast<upstream_type&>(core_.upstream())};
-  }
+  { return rmm::device_async_resource_ref{const_cast<upstream_type&>(core_.upstream())}; }
 
   [[nodiscard]] sync_mode mode() const noexcept { return core_.mode(); }
   [[nodiscard]] std::optional<std::size_t> max_pending_bytes() const noexcept
-  {
-    return core_.max_pending_bytes();
-  }
+  { return core_.max_pending_bytes(); }
   [[nodiscard]] std::size_t pending_bytes() const { return core_.pending_bytes(); }
   [[nodiscard]] std::size_t pending_count() const { return core_.pending_count(); }
   [[nodiscard]] std::size_t live_count() const { return core_.live_count(); }

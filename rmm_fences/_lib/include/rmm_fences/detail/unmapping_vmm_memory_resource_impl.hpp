@@ -45,15 +45,14 @@ class unmapping_vmm_memory_resource_impl {
     prop_.type          = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop_.location.id   = device_.value();
-    if (api_.granularity(&granularity_, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
-          CUDA_SUCCESS ||
+    if (api_.granularity(&granularity_, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
         granularity_ == 0) {
       throw std::runtime_error("cuMemGetAllocationGranularity failed");
     }
     reserved_ = round_up(reserve_size);
     if (api_.address_reserve(&base_, reserved_, granularity_, 0, 0) != CUDA_SUCCESS) {
-      throw rmm::out_of_memory("vmm_unmap: cuMemAddressReserve of " +
-                               std::to_string(reserved_) + " bytes failed");
+      throw rmm::out_of_memory("vmm_unmap: cuMemAddressReserve of " + std::to_string(reserved_) +
+                               " bytes failed");
     }
     free_.emplace(base_, reserved_);
   }
@@ -70,18 +69,13 @@ class unmapping_vmm_memory_resource_impl {
     (void)api_.address_free(base_, reserved_);
   }
 
-  unmapping_vmm_memory_resource_impl(unmapping_vmm_memory_resource_impl const&) = delete;
-  unmapping_vmm_memory_resource_impl& operator=(unmapping_vmm_memory_resource_impl const&) =
-    delete;
+  unmapping_vmm_memory_resource_impl(unmapping_vmm_memory_resource_impl const&)            = delete;
+  unmapping_vmm_memory_resource_impl& operator=(unmapping_vmm_memory_resource_impl const&) = delete;
 
   bool operator==(unmapping_vmm_memory_resource_impl const& other) const noexcept
-  {
-    return this == std::addressof(other);
-  }
+  { return this == std::addressof(other); }
   bool operator!=(unmapping_vmm_memory_resource_impl const& other) const noexcept
-  {
-    return !(*this == other);
-  }
+  { return !(*this == other); }
 
   /// Maps fresh physical memory at a free piece of the range; rmm::out_of_memory when the
   /// range or the device's memory is exhausted.
@@ -97,8 +91,8 @@ class unmapping_vmm_memory_resource_impl {
     }
     if (it == free_.end()) {
       throw rmm::out_of_memory("vmm_unmap: no free " + std::to_string(size) +
-                               " bytes left in the reserved range of " +
-                               std::to_string(reserved_) + " bytes");
+                               " bytes left in the reserved range of " + std::to_string(reserved_) +
+                               " bytes");
     }
     auto const ptr = it->first;
     rmm::cuda_set_device_raii guard{device_};
@@ -145,16 +139,12 @@ class unmapping_vmm_memory_resource_impl {
 
   [[nodiscard]] void* allocate_sync(std::size_t bytes,
                                     std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  {
-    return allocate(cuda::stream_ref{cudaStream_t{}}, bytes, alignment);
-  }
+  { return allocate(cuda::stream_ref{cudaStream_t{}}, bytes, alignment); }
 
   void deallocate_sync(void* ptr,
                        std::size_t bytes,
                        std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  {
-    deallocate(cuda::stream_ref{cudaStream_t{}}, ptr, bytes, alignment);
-  }
+  { deallocate(cuda::stream_ref{cudaStream_t{}}, ptr, bytes, alignment); }
 
   [[nodiscard]] std::size_t granularity() const noexcept { return granularity_; }
   [[nodiscard]] std::size_t reserve_size() const noexcept { return reserved_; }
@@ -176,9 +166,7 @@ class unmapping_vmm_memory_resource_impl {
   };
 
   [[nodiscard]] std::size_t round_up(std::size_t n) const noexcept
-  {
-    return (n + granularity_ - 1) / granularity_ * granularity_;
-  }
+  { return (n + granularity_ - 1) / granularity_ * granularity_; }
 
   void take_locked(std::map<CUdeviceptr, std::size_t>::iterator it, std::size_t size)
   {

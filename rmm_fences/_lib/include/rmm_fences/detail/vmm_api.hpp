@@ -15,23 +15,26 @@ namespace rmm_fences::detail {
 
 /// The VMM entry points; `complete()` is false where the driver lacks one.
 struct vmm_api {
-  CUresult (*address_reserve)(CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr,
-                              unsigned long long){};
+  CUresult (*address_reserve)(
+    CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr, unsigned long long){};
   CUresult (*address_free)(CUdeviceptr, std::size_t){};
-  CUresult (*create)(CUmemGenericAllocationHandle*, std::size_t, CUmemAllocationProp const*,
+  CUresult (*create)(CUmemGenericAllocationHandle*,
+                     std::size_t,
+                     CUmemAllocationProp const*,
                      unsigned long long){};
   CUresult (*release)(CUmemGenericAllocationHandle){};
-  CUresult (*map)(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle,
-                  unsigned long long){};
+  CUresult (*map)(
+    CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle, unsigned long long){};
   CUresult (*unmap)(CUdeviceptr, std::size_t){};
   CUresult (*set_access)(CUdeviceptr, std::size_t, CUmemAccessDesc const*, std::size_t){};
-  CUresult (*granularity)(std::size_t*, CUmemAllocationProp const*,
+  CUresult (*granularity)(std::size_t*,
+                          CUmemAllocationProp const*,
                           CUmemAllocationGranularity_flags){};
 
   [[nodiscard]] bool complete() const noexcept
   {
-    return address_reserve && address_free && create && release && map && unmap &&
-           set_access && granularity;
+    return address_reserve && address_free && create && release && map && unmap && set_access &&
+           granularity;
   }
 
   static vmm_api const& get() noexcept
