@@ -1,7 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-# make test : create .venv, install rmm_fences with its test and dask extras, run the tests
+# make test : create .venv, install rmm_fences with its test, dask and lint extras, make lint, then
+#             run the tests
 #             (install also builds the host test harness, tests/native/rmm_fences_testing*.so,
 #             with -DRMM_FENCES_BUILD_TESTS=ON: it is not installed, the package is as shipped)
+# make lint : ruff (check, format --check), cython-lint, clang-format --dry-run -Werror on the C++
+#             headers, codespell; the tools are pinned in pyproject.toml's lint extra (the same
+#             commands as .pre-commit-config.yaml's hooks, which run offline)
 # make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the seed's reduce
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
@@ -17,21 +21,30 @@ STAMP  := $(VENV)/.rmm_fences-installed
 RMM_TESTS      ?= .downstream/rmm-tests
 CUPY_TESTS     ?= .downstream/cupy-tests
 DOWNSTREAM_OUT ?= .downstream/out
+HEADERS := $(shell find rmm_fences/_lib tests/native/include -name '*.hpp')
 SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name CMakeLists.txt)
 
-.PHONY: test demo bench downstream install clean
+.PHONY: test lint demo bench downstream install clean
 
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -C cmake.define.RMM_FENCES_BUILD_TESTS=ON ".[test,dask]"
+	$(PY) -m pip install --quiet -C cmake.define.RMM_FENCES_BUILD_TESTS=ON ".[test,dask,lint]"
 	touch $@
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	cd asv_bench && ../$(VENV)/bin/asv check --python=same  # a broken benchmark fails here
+
+lint: $(STAMP)  # cython-lint runs pycodestyle, found on PATH
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	PATH="$(abspath $(VENV))/bin:$$PATH" cython-lint rmm_fences/_lib/*.pyx rmm_fences/_lib/*.pxd \
+	  tests/native/*.pyx
+	$(VENV)/bin/clang-format --dry-run -Werror $(HEADERS)
+	$(VENV)/bin/codespell
 
 demo: $(STAMP)  # -P: the source tree must not shadow the installed package
 	$(PY) -P -m rmm_fences doctor --quick
