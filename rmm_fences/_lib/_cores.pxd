@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # cython: language_level=3
-"""The enums and structs of the policy cores (rmm_fences/detail/*_core.hpp: host-only headers,
-no CUDA, no rmm), and the small conversions of their records to Python.
+"""The public enums and structs of the resources (rmm_fences/mr/*.hpp, ``rmm_fences::mr``:
+host-only headers, no CUDA, no rmm, shared with the policy cores), and the small conversions of
+their records to Python.
 
 Shared by the resources (memory_resource.pxd cimports them) and by the host test harness
 (tests/native), which runs the same cores without CUDA and so cannot cimport
@@ -18,22 +19,14 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 
-cdef extern from "rmm_fences/detail/sync_on_free_core.hpp" namespace "rmm_fences::mr" nogil:
+cdef extern from "rmm_fences/mr/sync_mode.hpp" namespace "rmm_fences::mr" nogil:
     cdef enum class sync_mode(int):
         device
         stream
         deferred
 
-    cdef struct sync_on_free_stats:
-        uint64_t syncs
-        uint64_t deferred
-        uint64_t released
-        uint64_t oom_retries
-        uint64_t parked
-        uint64_t peak_pending_bytes
-        uint64_t failed_syncs
-        uint64_t rejected_frees
 
+cdef extern from "rmm_fences/mr/free_result.hpp" namespace "rmm_fences::mr" nogil:
     cdef enum class free_check(int):
         ok
         untracked
@@ -46,8 +39,22 @@ cdef extern from "rmm_fences/detail/sync_on_free_core.hpp" namespace "rmm_fences
         size_t allocated_bytes
 
 
-cdef extern from "rmm_fences/detail/stream_ordered_pool_core.hpp" \
-        namespace "rmm_fences::mr" nogil:
+cdef extern from "rmm_fences/detail/stack_trace.hpp" namespace "rmm_fences::detail" nogil:
+    cdef cppclass stack_trace:
+        string to_string() except +
+
+
+cdef extern from "rmm_fences/mr/stats.hpp" namespace "rmm_fences::mr" nogil:
+    cdef struct sync_on_free_stats:
+        uint64_t syncs
+        uint64_t deferred
+        uint64_t released
+        uint64_t oom_retries
+        uint64_t parked
+        uint64_t peak_pending_bytes
+        uint64_t failed_syncs
+        uint64_t rejected_frees
+
     cdef struct stream_ordered_pool_stats:
         uint64_t current_bytes
         uint64_t peak_bytes
@@ -61,12 +68,19 @@ cdef extern from "rmm_fences/detail/stream_ordered_pool_core.hpp" \
         uint64_t retired_streams
         uint64_t rejected_frees
 
+    cdef struct hazard_tracker_stats:
+        uint64_t allocations
+        uint64_t deallocations
+        uint64_t rejected_frees
+        uint64_t fences
+        uint64_t stream_waits
+        uint64_t unchecked
+        uint64_t hazards
+        size_t allocated_bytes
+        size_t peak_bytes
 
-cdef extern from "rmm_fences/detail/hazard_tracker_core.hpp" \
-        namespace "rmm_fences::detail" nogil:
-    cdef cppclass stack_trace:
-        string to_string() except +
 
+cdef extern from "rmm_fences/mr/hazards.hpp" namespace "rmm_fences::mr" nogil:
     # the kinds are named by hazard_kind_name (see hazard_kind_names), not listed here
     cdef enum class hazard_kind(int):
         pass
@@ -92,17 +106,6 @@ cdef extern from "rmm_fences/detail/hazard_tracker_core.hpp" \
         vector[uintptr_t] declared
         shared_ptr[const stack_trace] stack
         uint64_t serial
-
-    cdef struct hazard_tracker_stats:
-        uint64_t allocations
-        uint64_t deallocations
-        uint64_t rejected_frees
-        uint64_t fences
-        uint64_t stream_waits
-        uint64_t unchecked
-        uint64_t hazards
-        size_t allocated_bytes
-        size_t peak_bytes
 
 
 cdef inline sync_mode mode_from_name(object mode) except *:

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <rmm_fences/detail/hazard_tracking_resource_adaptor_impl.hpp>
+#include <rmm_fences/mr/hazards.hpp>
+#include <rmm_fences/mr/stats.hpp>
 
 #include <cuda/memory_resource>
 #include <cuda/stream>
@@ -59,9 +61,9 @@ class hazard_tracking_resource_adaptor
   {
   }
 
-  using hazard_record     = rmm_fences::detail::hazard_record;
-  using allocation_record = rmm_fences::detail::allocation_record;
-  using stats_type        = rmm_fences::detail::hazard_tracker_stats;
+  using hazard_record     = rmm_fences::mr::hazard_record;
+  using allocation_record = rmm_fences::mr::allocation_record;
+  using stats_type        = rmm_fences::mr::hazard_tracker_stats;
   /// Called for each hazard not raised to the caller, with the tracker's lock released.
   using hazard_hook = void (*)(hazard_record const&, void* context);
   /// Fills its argument with the calling thread's Python frames; false when it has none.

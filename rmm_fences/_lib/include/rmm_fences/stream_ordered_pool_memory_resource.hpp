@@ -4,6 +4,7 @@
 #pragma once
 
 #include <rmm_fences/detail/stream_ordered_pool_memory_resource_impl.hpp>
+#include <rmm_fences/mr/stats.hpp>
 
 #include <rmm/aligned.hpp>
 

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <rmm_fences/detail/sync_on_free_resource_adaptor_impl.hpp>
+#include <rmm_fences/mr/free_result.hpp>
+#include <rmm_fences/mr/stats.hpp>
+#include <rmm_fences/mr/sync_mode.hpp>
 
 #include <rmm/aligned.hpp>
 

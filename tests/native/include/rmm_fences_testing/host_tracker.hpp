@@ -11,6 +11,7 @@
 #pragma once
 
 #include <rmm_fences/detail/hazard_tracker_core.hpp>
+#include <rmm_fences/mr/hazards.hpp>
 
 #include <barrier>
 #include <cstddef>
@@ -422,11 +423,11 @@ class sim_hazard_tracker {
         std::uint64_t in_flight{};
         std::uint64_t other{};
         for (auto const& h : core_.hazards()) {
-          if (h.kind == detail::hazard_kind::cross_stream_free) {
+          if (h.kind == mr::hazard_kind::cross_stream_free) {
             ++cross;
-          } else if (h.kind == detail::hazard_kind::foreign_free) {
+          } else if (h.kind == mr::hazard_kind::foreign_free) {
             ++foreign;
-          } else if (h.kind == detail::hazard_kind::freed_in_flight) {
+          } else if (h.kind == mr::hazard_kind::freed_in_flight) {
             ++in_flight;
           } else {
             ++other;

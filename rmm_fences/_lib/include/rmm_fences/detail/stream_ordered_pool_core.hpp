@@ -10,6 +10,7 @@
 #include <rmm_fences/detail/free_list.hpp>
 #include <rmm_fences/detail/pointer_map.hpp>
 #include <rmm_fences/detail/spin_mutex.hpp>
+#include <rmm_fences/mr/stats.hpp>
 
 #include <algorithm>
 #include <array>
@@ -27,25 +28,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-namespace rmm_fences::mr {
-
-/// Counters of a `stream_ordered_pool_memory_resource`.
-struct stream_ordered_pool_stats {
-  std::uint64_t current_bytes{};       ///< bytes allocated to users now
-  std::uint64_t peak_bytes{};          ///< most bytes allocated to users at once
-  std::uint64_t pool_bytes{};          ///< bytes held from the upstream
-  std::uint64_t same_stream_reuse{};   ///< allocations served from the stream's own frees
-  std::uint64_t cross_stream_reuse{};  ///< allocations that waited on another stream's fence
-  std::uint64_t upstream_growths{};    ///< chunks taken from the upstream
-  std::uint64_t fences{};              ///< fences recorded (one per batch of cached frees)
-  std::uint64_t stream_waits{};        ///< stream-to-fence waits enqueued (no host sync)
-  std::uint64_t reclaim_syncs{};       ///< device syncs before giving up (near out-of-memory)
-  std::uint64_t retired_streams{};     ///< streams retired through `retire_stream`
-  std::uint64_t rejected_frees{};      ///< frees refused (double, foreign, wrong size)
-};
-
-}  // namespace rmm_fences::mr
 
 namespace rmm_fences::detail {
 

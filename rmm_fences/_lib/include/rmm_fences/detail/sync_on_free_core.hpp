@@ -10,6 +10,9 @@
 #include <rmm_fences/detail/deferred_free_list.hpp>
 #include <rmm_fences/detail/pointer_map.hpp>
 #include <rmm_fences/detail/spin_mutex.hpp>
+#include <rmm_fences/mr/free_result.hpp>
+#include <rmm_fences/mr/stats.hpp>
+#include <rmm_fences/mr/sync_mode.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -20,44 +23,6 @@
 #include <new>
 #include <optional>
 #include <utility>
-
-namespace rmm_fences::mr {
-
-/// What `sync_on_free_resource_adaptor` does before a freed block goes back upstream.
-enum class sync_mode : int {
-  device   = 0,  ///< synchronize the adaptor's device (what cudaFree does)
-  stream   = 1,  ///< synchronize the freeing stream
-  deferred = 2,  ///< record an event; release the block once the event completed
-};
-
-/// Counters of a `sync_on_free_resource_adaptor` (monotonic, except the peak).
-struct sync_on_free_stats {
-  std::uint64_t syncs{};               ///< host waits that succeeded (syncs, fence waits)
-  std::uint64_t deferred{};            ///< frees that recorded a fence and returned at once
-  std::uint64_t released{};            ///< listed blocks handed to the upstream
-  std::uint64_t oom_retries{};         ///< allocations retried after draining pending blocks
-  std::uint64_t parked{};              ///< frees listed without a fence (capture, no fence)
-  std::uint64_t peak_pending_bytes{};  ///< largest pending total seen (after the cap applied)
-  std::uint64_t failed_syncs{};        ///< syncs and fence waits that failed (nothing released)
-  std::uint64_t rejected_frees{};      ///< double frees, foreign pointers, size mismatches
-};
-
-/// What the check of a free found.
-enum class free_check : int {
-  ok            = 0,  ///< a live block of this size handed out by the adaptor
-  untracked     = 1,  ///< a null pointer, or a size-0 free of an untracked pointer: passed through
-  unknown       = 2,  ///< not handed out by the adaptor, or already returned to the upstream
-  pending       = 3,  ///< already freed: its release waits for a fence (a double free)
-  size_mismatch = 4,  ///< handed out with another size
-};
-
-/// The check of a free and, for a size mismatch, the size the block was allocated with.
-struct free_result {
-  free_check check{free_check::ok};
-  std::size_t allocated_bytes{};
-};
-
-}  // namespace rmm_fences::mr
 
 namespace rmm_fences::detail {
 

@@ -1,0 +1,56 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * The counters of the resources (`stats()`).
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rmm_fences::mr {
+
+/// Counters of a `sync_on_free_resource_adaptor` (monotonic, except the peak).
+struct sync_on_free_stats {
+  std::uint64_t syncs{};               ///< host waits that succeeded (syncs, fence waits)
+  std::uint64_t deferred{};            ///< frees that recorded a fence and returned at once
+  std::uint64_t released{};            ///< listed blocks handed to the upstream
+  std::uint64_t oom_retries{};         ///< allocations retried after draining pending blocks
+  std::uint64_t parked{};              ///< frees listed without a fence (capture, no fence)
+  std::uint64_t peak_pending_bytes{};  ///< largest pending total seen (after the cap applied)
+  std::uint64_t failed_syncs{};        ///< syncs and fence waits that failed (nothing released)
+  std::uint64_t rejected_frees{};      ///< double frees, foreign pointers, size mismatches
+};
+
+/// Counters of a `stream_ordered_pool_memory_resource`.
+struct stream_ordered_pool_stats {
+  std::uint64_t current_bytes{};       ///< bytes allocated to users now
+  std::uint64_t peak_bytes{};          ///< most bytes allocated to users at once
+  std::uint64_t pool_bytes{};          ///< bytes held from the upstream
+  std::uint64_t same_stream_reuse{};   ///< allocations served from the stream's own frees
+  std::uint64_t cross_stream_reuse{};  ///< allocations that waited on another stream's fence
+  std::uint64_t upstream_growths{};    ///< chunks taken from the upstream
+  std::uint64_t fences{};              ///< fences recorded (one per batch of cached frees)
+  std::uint64_t stream_waits{};        ///< stream-to-fence waits enqueued (no host sync)
+  std::uint64_t reclaim_syncs{};       ///< device syncs before giving up (near out-of-memory)
+  std::uint64_t retired_streams{};     ///< streams retired through `retire_stream`
+  std::uint64_t rejected_frees{};      ///< frees refused (double, foreign, wrong size)
+};
+
+/// Counters of the tracker.
+struct hazard_tracker_stats {
+  std::uint64_t allocations{};
+  std::uint64_t deallocations{};   ///< frees that reached the upstream
+  std::uint64_t rejected_frees{};  ///< bad frees kept from the upstream
+  std::uint64_t fences{};          ///< fences recorded
+  std::uint64_t stream_waits{};    ///< device-side waits for declared streams
+  /// Checks that could not be made: a stream being captured, a failed event record, query or
+  /// stream wait, a stream the freeing thread cannot name (another thread's per-thread default
+  /// stream), a watched range dropped at the cap, no fence to be had.
+  std::uint64_t unchecked{};
+  std::uint64_t hazards{};  ///< hazards observed (including dropped ones)
+  std::size_t allocated_bytes{};
+  std::size_t peak_bytes{};
+};
+
+}  // namespace rmm_fences::mr
