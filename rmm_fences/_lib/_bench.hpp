@@ -90,7 +90,7 @@ inline fence_costs fence_call_ns(cuda::stream_ref stream, std::uint64_t iteratio
   RMM_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   auto const cu_event  = reinterpret_cast<CUevent>(event);
   auto const cu_stream = reinterpret_cast<CUstream>(stream.get());
-  auto const& api      = rmm_fences::detail::driver_api::get();
+  auto const& api      = rmm_fences::mr::detail::driver_api::get();
   cudaStreamCaptureStatus status{};
   CUstreamCaptureStatus cu_status{};
   fence_costs costs;
@@ -113,7 +113,7 @@ inline fence_costs fence_call_ns(cuda::stream_ref stream, std::uint64_t iteratio
     unsigned long long id{};
     costs.cu_stream_get_id = time([&] { (void)api.stream_get_id(cu_stream, &id); });
   }
-  costs.relaxed_capture_scope = time([] { rmm_fences::detail::relaxed_capture_scope scope; });
+  costs.relaxed_capture_scope = time([] { rmm_fences::mr::detail::relaxed_capture_scope scope; });
   (void)cudaEventDestroy(event);
   return costs;
 }
@@ -216,7 +216,7 @@ inline double threaded_stream_queries(int which,
                                       std::uint64_t iterations,
                                       std::vector<cudaStream_t> const& streams)
 {
-  auto const& api = rmm_fences::detail::driver_api::get();
+  auto const& api = rmm_fences::mr::detail::driver_api::get();
   if (api.stream_is_capturing == nullptr || api.stream_get_id == nullptr) { return 0.0; }
   std::atomic<std::size_t> ready{0};
   std::atomic<bool> go{false};
@@ -279,7 +279,7 @@ using launch_kernel_fn = CUresult (*)(CUfunction,
 inline launch_kernel_fn launch_kernel_entry()
 {
   static launch_kernel_fn const fn =
-    rmm_fences::detail::driver_entry_point<launch_kernel_fn>("cuLaunchKernel");
+    rmm_fences::mr::detail::driver_entry_point<launch_kernel_fn>("cuLaunchKernel");
   return fn;
 }
 

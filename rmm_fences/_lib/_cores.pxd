@@ -39,7 +39,7 @@ cdef extern from "rmm_fences/mr/free_result.hpp" namespace "rmm_fences::mr" nogi
         size_t allocated_bytes
 
 
-cdef extern from "rmm_fences/detail/stack_trace.hpp" namespace "rmm_fences::detail" nogil:
+cdef extern from "rmm_fences/detail/stack_trace.hpp" namespace "rmm_fences::mr::detail" nogil:
     cdef cppclass stack_trace:
         string to_string() except +
 

@@ -77,7 +77,7 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         uint64_t bad_frees
         size_t used() except +
 
-    cdef cppclass core_type "rmm_fences::detail::sync_on_free_core<rmm_fences::testing::host_platform, rmm_fences::testing::host_upstream>":  # noqa: E501 (a C++ name)
+    cdef cppclass core_type "rmm_fences::mr::detail::sync_on_free_core<rmm_fences::testing::host_platform, rmm_fences::testing::host_upstream>":  # noqa: E501 (a C++ name)
         size_t pending_bytes() except +
         size_t pending_count() except +
         size_t live_count() except +
@@ -304,7 +304,7 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         uint64_t now()
         uint64_t records
 
-    cdef cppclass pool_core_type "rmm_fences::detail::stream_ordered_pool_core<rmm_fences::testing::host_pool_platform, rmm_fences::testing::host_chunk_upstream>":  # noqa: E501 (a C++ name)
+    cdef cppclass pool_core_type "rmm_fences::mr::detail::stream_ordered_pool_core<rmm_fences::testing::host_pool_platform, rmm_fences::testing::host_chunk_upstream>":  # noqa: E501 (a C++ name)
         stream_ordered_pool_stats stats()
         size_t pool_size()
 

@@ -67,7 +67,7 @@ class hazard_tracking_resource_adaptor
   /// Called for each hazard not raised to the caller, with the tracker's lock released.
   using hazard_hook = void (*)(hazard_record const&, void* context);
   /// Fills its argument with the calling thread's Python frames; false when it has none.
-  using python_stack_hook = rmm_fences::detail::stack_trace::python_hook;
+  using python_stack_hook = rmm_fences::mr::detail::stack_trace::python_hook;
 
   /**
    * @brief `allocate` that can stop a hazard: with `stopped` given, a block handed out before

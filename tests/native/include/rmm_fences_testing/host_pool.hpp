@@ -181,7 +181,7 @@ class host_pool_platform {
     if (log_->capturing.count(s) > 0) {
       auto it = log_->capture_ids.find(s);
       if (it != log_->capture_ids.end()) {
-        return rmm_fences::detail::capturing_stream_identity(it->second, s);
+        return rmm_fences::mr::detail::capturing_stream_identity(it->second, s);
       }
     }
     if (auto it = log_->aliases.find(s); it != log_->aliases.end()) { return it->second; }
@@ -347,7 +347,7 @@ class host_chunk_upstream {
 /// The pool core driven by a test.
 class host_pool {
   using core_type =
-    rmm_fences::detail::stream_ordered_pool_core<host_pool_platform, host_chunk_upstream>;
+    rmm_fences::mr::detail::stream_ordered_pool_core<host_pool_platform, host_chunk_upstream>;
 
  public:
   host_pool(std::size_t initial, std::optional<std::size_t> maximum, std::size_t upstream_limit)
@@ -361,7 +361,7 @@ class host_pool {
   {
     log_->tick();
     void* p = core_.allocate(stream, bytes, alignment);
-    log_->claim(p, bytes, rmm_fences::detail::round_to_granule(bytes), stream);
+    log_->claim(p, bytes, rmm_fences::mr::detail::round_to_granule(bytes), stream);
     return p;
   }
 
@@ -370,7 +370,7 @@ class host_pool {
   {
     auto const at = log_->tick();
     auto const r  = core_.deallocate_checked(stream, p, bytes);
-    if (r.status == rmm_fences::detail::free_status::done) {
+    if (r.status == rmm_fences::mr::detail::free_status::done) {
       log_->note_free(p, bytes, stream, at);
     }
     if (allocated != nullptr) { *allocated = r.allocated_bytes; }

@@ -460,7 +460,7 @@ struct thread_run_result {
  * @brief The SyncOnFree core driven by a test: host memory, hand-signalled fences.
  */
 class host_sync_on_free {
-  using core_type = rmm_fences::detail::sync_on_free_core<host_platform, host_upstream>;
+  using core_type = rmm_fences::mr::detail::sync_on_free_core<host_platform, host_upstream>;
 
  public:
   host_sync_on_free(rmm_fences::mr::sync_mode mode,

@@ -31,7 +31,7 @@
 
 namespace rmm_fences::testing {
 
-using keys = rmm_fences::detail::per_thread_stream_keys;
+using keys = rmm_fences::mr::detail::per_thread_stream_keys;
 
 /// What a query of a simulated fence found (the tracker platform's `fence_state`).
 enum class sim_fence_state : int { complete = 0, pending = 1, failed = 2 };
@@ -341,7 +341,7 @@ class sim_upstream {
   std::shared_ptr<state> state_;
 };
 
-using sim_tracker_core = rmm_fences::detail::hazard_tracker_core<sim_platform, sim_upstream>;
+using sim_tracker_core = rmm_fences::mr::detail::hazard_tracker_core<sim_platform, sim_upstream>;
 
 /// What `run_threads` did, and what it found wrong (empty `errors`: nothing).
 struct thread_run {

@@ -19,7 +19,7 @@
 #include <mutex>
 #include <vector>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /// What a non-blocking test of a fence found.
 enum class fence_state : int {
@@ -208,7 +208,7 @@ class cuda_platform : public cuda_event_fence_ops {
   }
 
   static bool is_capturing(cuda::stream_ref stream) noexcept
-  { return rmm_fences::detail::is_capturing(stream); }
+  { return rmm_fences::mr::detail::is_capturing(stream); }
 
   /// Synchronizes the adaptor's device; false when that failed (nothing is known then).
   bool sync_device() noexcept
@@ -270,4 +270,4 @@ class cuda_platform : public cuda_event_fence_ops {
   event_pool events_;
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

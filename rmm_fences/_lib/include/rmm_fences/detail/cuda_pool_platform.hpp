@@ -23,7 +23,7 @@
 #include <mutex>
 #include <string>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /// `stream_ordered_pool_core`'s platform on one CUDA device.
 class cuda_pool_platform {
@@ -57,7 +57,7 @@ class cuda_pool_platform {
   {
     auto const handle = stream.get();
     if (handle == nullptr || handle == cudaStreamLegacy) { return legacy_stream_id; }
-    if (rmm_fences::detail::is_capturing(stream)) { return capture_identity(handle); }
+    if (rmm_fences::mr::detail::is_capturing(stream)) { return capture_identity(handle); }
     if (handle == cudaStreamPerThread) {
       thread_local int cached_device = -1;
       thread_local std::uint64_t cached_id{};
@@ -88,7 +88,7 @@ class cuda_pool_platform {
   { return cuda_platform::stream_wait(waiter, event); }
 
   static bool is_capturing(cuda::stream_ref stream) noexcept
-  { return rmm_fences::detail::is_capturing(stream); }
+  { return rmm_fences::mr::detail::is_capturing(stream); }
 
   bool sync_device() const noexcept
   {
@@ -127,7 +127,7 @@ class cuda_pool_platform {
       }
       return current == device_.value();
     }
-    if (rmm_fences::detail::is_capturing(stream)) { return true; }
+    if (rmm_fences::mr::detail::is_capturing(stream)) { return true; }
     using get_device_fn   = CUresult (*)(CUstream, CUdevice*);
     static auto const get = driver_entry_point<get_device_fn>("cuStreamGetDevice", 12080);
     if (get == nullptr) { return true; }
@@ -208,4 +208,4 @@ class cuda_pool_platform {
   cudaStream_t private_{};
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

@@ -21,13 +21,13 @@
 #include <cstdint>
 #include <optional>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /// `hazard_tracker_core`'s platform on one CUDA device.
 class cuda_tracker_platform : public cuda_event_fence_ops {
  public:
   using stream_type = cuda::stream_ref;
-  using fence_state = rmm_fences::detail::fence_state;
+  using fence_state = rmm_fences::mr::detail::fence_state;
 
   cuda_tracker_platform(rmm::cuda_device_id device, bool nvtx) : events_{device}, nvtx_{nvtx} {}
 
@@ -70,7 +70,7 @@ class cuda_tracker_platform : public cuda_event_fence_ops {
   { return cuda_platform::stream_wait(waiter, event); }
 
   static bool is_capturing(cuda::stream_ref stream) noexcept
-  { return rmm_fences::detail::is_capturing(stream); }
+  { return rmm_fences::mr::detail::is_capturing(stream); }
 
   void annotate_allocation(void* ptr, std::size_t bytes) noexcept { nvtx_.on_allocate(ptr, bytes); }
   void annotate_free(void* ptr) noexcept { nvtx_.on_free(ptr); }
@@ -83,4 +83,4 @@ class cuda_tracker_platform : public cuda_event_fence_ops {
   nvtx_memory_annotator nvtx_;
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

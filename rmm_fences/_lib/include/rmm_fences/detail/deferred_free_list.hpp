@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /**
  * @brief A block whose release to the upstream waits for a fence.
@@ -378,4 +378,4 @@ std::pair<void*, bool> allocate_with_drain(TryAllocate&& try_allocate, Drain&& d
   return {try_allocate(), true};
 }
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

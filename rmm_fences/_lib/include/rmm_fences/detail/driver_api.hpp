@@ -13,7 +13,7 @@
 
 #include <cstddef>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /// The driver's entry point `name` of ABI `version` (through the runtime), or nullptr where
 /// the driver does not provide it.
@@ -103,4 +103,4 @@ class relaxed_capture_scope {
   bool active_{};
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

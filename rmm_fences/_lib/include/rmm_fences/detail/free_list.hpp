@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /// Every block boundary of the pool is a multiple of this (and so is every block size).
 inline constexpr std::size_t pool_granularity = 256;
@@ -184,4 +184,4 @@ class free_list {
   std::size_t free_bytes_{};
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

@@ -56,12 +56,7 @@
 #include <utility>
 #include <vector>
 
-namespace rmm_fences::detail {
-
-using rmm_fences::mr::allocation_record;
-using rmm_fences::mr::hazard_kind;
-using rmm_fences::mr::hazard_record;
-using rmm_fences::mr::hazard_tracker_stats;
+namespace rmm_fences::mr::detail {
 
 /**
  * @brief Stream keys of per-thread default streams.
@@ -888,4 +883,4 @@ class hazard_tracker_core {
   std::atomic<stack_trace::python_hook> python_hook_{nullptr};
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

@@ -29,8 +29,8 @@ class hazard_tracking_resource_adaptor_impl {
 
  public:
   using core_type =
-    rmm_fences::detail::hazard_tracker_core<rmm_fences::detail::cuda_tracker_platform,
-                                            upstream_type>;
+    rmm_fences::mr::detail::hazard_tracker_core<rmm_fences::mr::detail::cuda_tracker_platform,
+                                                upstream_type>;
 
   hazard_tracking_resource_adaptor_impl(upstream_type upstream,
                                         bool upstream_stream_ordered,

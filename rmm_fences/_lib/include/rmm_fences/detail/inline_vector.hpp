@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /**
  * @brief A push-only sequence that keeps its first `N` elements inline and the rest on the
@@ -74,4 +74,4 @@ class inline_vector {
   std::size_t size_{};
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <unordered_map>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /// Not thread-safe: the caller serializes (the tracker calls it under its lock).
 class nvtx_memory_annotator {
@@ -127,4 +127,4 @@ class nvtx_memory_annotator {
   std::unordered_map<std::uintptr_t, CUdeviceptr> regions_;
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 template <typename Value>
 class pointer_map {
@@ -148,4 +148,4 @@ class pointer_map {
   unsigned shift_{};
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

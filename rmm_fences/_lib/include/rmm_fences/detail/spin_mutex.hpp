@@ -6,7 +6,7 @@
 #include <atomic>
 #include <thread>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /**
  * @brief A test-and-test-and-set lock for short critical sections (a stream's free list).
@@ -39,4 +39,4 @@ class spin_mutex {
   std::atomic<bool> locked_{false};
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

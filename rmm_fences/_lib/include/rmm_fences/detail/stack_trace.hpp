@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /// A captured call stack.
 struct stack_trace {
@@ -73,4 +73,4 @@ struct stack_trace {
   }
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /**
  * @brief The identity of a stream while it is captured: a 64-bit mix of the capture id and
@@ -1121,4 +1121,4 @@ class stream_ordered_pool_core {
   std::atomic<std::uint64_t> rejected_frees_{};
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

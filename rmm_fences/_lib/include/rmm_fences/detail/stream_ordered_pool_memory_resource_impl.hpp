@@ -27,8 +27,8 @@ namespace rmm_fences::mr::detail {
 class stream_ordered_pool_memory_resource_impl {
   using upstream_type = cuda::mr::any_resource<cuda::mr::device_accessible>;
   using core_type =
-    rmm_fences::detail::stream_ordered_pool_core<rmm_fences::detail::cuda_pool_platform,
-                                                 upstream_type>;
+    rmm_fences::mr::detail::stream_ordered_pool_core<rmm_fences::mr::detail::cuda_pool_platform,
+                                                     upstream_type>;
 
  public:
   stream_ordered_pool_memory_resource_impl(upstream_type upstream,

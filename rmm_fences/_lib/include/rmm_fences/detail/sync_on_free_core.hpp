@@ -24,7 +24,7 @@
 #include <optional>
 #include <utility>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /**
  * @brief The rules of SyncOnFree, over a platform and an upstream.
@@ -561,4 +561,4 @@ class sync_on_free_core {
   pointer_map<std::size_t> live_;  // guarded by live_mutex_: blocks handed out -> bytes
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

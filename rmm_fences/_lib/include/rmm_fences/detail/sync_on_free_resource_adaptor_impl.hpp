@@ -27,7 +27,7 @@ namespace rmm_fences::mr::detail {
 class sync_on_free_resource_adaptor_impl {
   using upstream_type = cuda::mr::any_resource<cuda::mr::device_accessible>;
   using core_type =
-    rmm_fences::detail::sync_on_free_core<rmm_fences::detail::cuda_platform, upstream_type>;
+    rmm_fences::mr::detail::sync_on_free_core<rmm_fences::mr::detail::cuda_platform, upstream_type>;
 
  public:
   sync_on_free_resource_adaptor_impl(upstream_type upstream,
@@ -83,10 +83,11 @@ class sync_on_free_resource_adaptor_impl {
    *
    * On a double free, a foreign pointer or a size mismatch nothing is done.
    */
-  free_result deallocate_checked(cuda::stream_ref stream,
-                                 void* ptr,
-                                 std::size_t bytes,
-                                 std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
+  rmm_fences::mr::free_result deallocate_checked(
+    cuda::stream_ref stream,
+    void* ptr,
+    std::size_t bytes,
+    std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
   { return core_.deallocate_checked(stream, ptr, bytes, alignment); }
 
   /// Allocates on the default stream and synchronizes it.

@@ -36,7 +36,7 @@ namespace rmm_fences::mr::detail {
 class unmapping_vmm_memory_resource_impl {
  public:
   unmapping_vmm_memory_resource_impl(std::size_t reserve_size, rmm::cuda_device_id device)
-    : api_{rmm_fences::detail::vmm_api::get()}, device_{device}
+    : api_{rmm_fences::mr::detail::vmm_api::get()}, device_{device}
   {
     if (!api_.complete()) {
       throw std::runtime_error("the CUDA driver does not provide the virtual memory API");
@@ -194,7 +194,7 @@ class unmapping_vmm_memory_resource_impl {
     free_.emplace(ptr, size);
   }
 
-  rmm_fences::detail::vmm_api const& api_;
+  rmm_fences::mr::detail::vmm_api const& api_;
   rmm::cuda_device_id device_;
   CUmemAllocationProp prop_{};
   std::size_t granularity_{};

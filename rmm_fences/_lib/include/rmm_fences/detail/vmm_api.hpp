@@ -11,7 +11,7 @@
 
 #include <cstddef>
 
-namespace rmm_fences::detail {
+namespace rmm_fences::mr::detail {
 
 /// The VMM entry points; `complete()` is false where the driver lacks one.
 struct vmm_api {
@@ -73,4 +73,4 @@ struct vmm_api {
   }
 };
 
-}  // namespace rmm_fences::detail
+}  // namespace rmm_fences::mr::detail

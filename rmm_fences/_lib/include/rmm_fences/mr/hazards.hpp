@@ -58,11 +58,10 @@ struct hazard_record {
   std::uintptr_t stream{};     ///< stream of the call that showed the hazard
   /// Streams whose unfinished work makes it a hazard (empty for bad frees and leaks).
   std::vector<std::uintptr_t> streams;
-  std::shared_ptr<rmm_fences::detail::stack_trace const> stack;  ///< the call that showed it
-  std::shared_ptr<rmm_fences::detail::stack_trace const>
-    allocation_stack;      ///< the block's allocation
-  std::uint64_t serial{};  ///< order of detection, from 1
-  bool raised{};           ///< already raised to the caller (strict Python calls)
+  std::shared_ptr<detail::stack_trace const> stack;             ///< the call that showed it
+  std::shared_ptr<detail::stack_trace const> allocation_stack;  ///< the block's allocation
+  std::uint64_t serial{};                                       ///< order of detection, from 1
+  bool raised{};  ///< already raised to the caller (strict Python calls)
 };
 
 /// One live allocation.
@@ -71,7 +70,7 @@ struct allocation_record {
   std::size_t size{};
   std::uintptr_t stream{};               ///< allocation stream
   std::vector<std::uintptr_t> declared;  ///< streams declared with record_stream
-  std::shared_ptr<rmm_fences::detail::stack_trace const> stack;
+  std::shared_ptr<detail::stack_trace const> stack;
   std::uint64_t serial{};
 };
 
