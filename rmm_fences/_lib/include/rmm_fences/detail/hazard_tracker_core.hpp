@@ -550,6 +550,32 @@ class hazard_tracker_core {
 
     std::vector<std::uintptr_t> in_flight;
     std::vector<std::uintptr_t> unreachable;  // streams this thread cannot name
+    order_after_declared_locked(stream, block, free_key, in_flight, unreachable);
+
+    if (!ordered_) {
+      return check_unordered_free_locked(
+        stream, ptr, block, undeclared_user, stack, stopped, notices, in_flight, unreachable);
+    }
+
+    // Stream-ordered upstream: only the undeclared allocation stream can race with reuse.
+    if (undeclared_user) {
+      if (auto const user = checkable_stream_locked(alloc_key, unreachable); user) {
+        check_cross_locked(stream, *user, ptr, block, free_key, stack, notices);
+      }
+    }
+    note_unreachable_locked(ptr, block, free_key, std::move(unreachable), stack, notices);
+    return false;
+  }
+
+  /// Orders the free on `stream` after each stream declared for `block` (other than the freeing
+  /// one) by a device-side wait on a fence recorded there; over an upstream that is not
+  /// stream-ordered, a declared stream with work still queued is added to `in_flight`.
+  void order_after_declared_locked(stream_type stream,
+                                   live_block const& block,
+                                   std::uintptr_t free_key,
+                                   std::vector<std::uintptr_t>& in_flight,
+                                   std::vector<std::uintptr_t>& unreachable)
+  {
     for (auto const user_key : block.declared) {
       if (user_key == free_key) { continue; }
       auto const user = checkable_stream_locked(user_key, unreachable);
@@ -567,52 +593,63 @@ class hazard_tracker_core {
         stats_.unchecked += 1;  // the free is not ordered after the declared stream
       }
     }
+  }
 
-    if (!ordered_) {
-      held_fence free_fence{platform_};
-      bool const recorded = platform_.record(free_fence.get(), stream);
-      if (recorded) {
-        stats_.fences += 1;
-        std::vector<std::uintptr_t> mine;
-        test_locked(free_fence.get(), free_key, mine);
-        in_flight.insert(in_flight.begin(), mine.begin(), mine.end());
-      } else {
-        stats_.unchecked += 1;
-      }
-      if (undeclared_user) {
-        if (auto const user = checkable_stream_locked(alloc_key, unreachable); user) {
-          held_fence user_fence{platform_};
-          if (platform_.record(user_fence.get(), *user)) {
-            stats_.fences += 1;
-            test_locked(user_fence.get(), alloc_key, in_flight);
-          } else {
-            stats_.unchecked += 1;
-          }
-        }
-      }
-      if (!in_flight.empty()) {
-        auto hazard = free_hazard(
-          hazard_kind::freed_in_flight, ptr, block, free_key, std::move(in_flight), stack);
-        if (stopped != nullptr) {
-          hazard.raised = true;
-          *stopped      = note_locked(std::move(hazard), notices);
-          return true;
-        }
-        note_locked(std::move(hazard), notices);
-      }
-      note_unreachable_locked(ptr, block, free_key, std::move(unreachable), stack, notices);
-      if (recorded) { watch_freed_locked(ptr, block.size, free_key, free_fence); }
-      return false;
+  /// The checks of a free over an upstream that is not stream-ordered: the freeing stream's
+  /// and, when undeclared, the allocation stream's queued work make a `freed_in_flight`; the
+  /// freed range is then watched until its fence completes. Returns as `fence_free_locked`.
+  bool check_unordered_free_locked(stream_type stream,
+                                   std::uintptr_t ptr,
+                                   live_block const& block,
+                                   bool undeclared_user,
+                                   std::shared_ptr<stack_trace const> const& stack,
+                                   hazard_record* stopped,
+                                   std::vector<hazard_record>& notices,
+                                   std::vector<std::uintptr_t>& in_flight,
+                                   std::vector<std::uintptr_t>& unreachable)
+  {
+    auto const free_key = Platform::key(stream);
+    held_fence free_fence{platform_};
+    bool const recorded = platform_.record(free_fence.get(), stream);
+    if (recorded) {
+      stats_.fences += 1;
+      std::vector<std::uintptr_t> mine;
+      test_locked(free_fence.get(), free_key, mine);
+      in_flight.insert(in_flight.begin(), mine.begin(), mine.end());
+    } else {
+      stats_.unchecked += 1;
     }
-
-    // Stream-ordered upstream: only the undeclared allocation stream can race with reuse.
-    if (undeclared_user) {
-      if (auto const user = checkable_stream_locked(alloc_key, unreachable); user) {
-        check_cross_locked(stream, *user, ptr, block, free_key, stack, notices);
+    if (undeclared_user) { test_user_stream_locked(block.stream, in_flight, unreachable); }
+    if (!in_flight.empty()) {
+      auto hazard = free_hazard(
+        hazard_kind::freed_in_flight, ptr, block, free_key, std::move(in_flight), stack);
+      if (stopped != nullptr) {
+        hazard.raised = true;
+        *stopped      = note_locked(std::move(hazard), notices);
+        return true;
       }
+      note_locked(std::move(hazard), notices);
     }
     note_unreachable_locked(ptr, block, free_key, std::move(unreachable), stack, notices);
+    if (recorded) { watch_freed_locked(ptr, block.size, free_key, free_fence); }
     return false;
+  }
+
+  /// Records and tests a fence on the allocation stream `alloc_key` (when it can be named and
+  /// is not captured): work still queued there adds it to `in_flight`.
+  void test_user_stream_locked(std::uintptr_t alloc_key,
+                               std::vector<std::uintptr_t>& in_flight,
+                               std::vector<std::uintptr_t>& unreachable)
+  {
+    auto const user = checkable_stream_locked(alloc_key, unreachable);
+    if (!user) { return; }
+    held_fence user_fence{platform_};
+    if (platform_.record(user_fence.get(), *user)) {
+      stats_.fences += 1;
+      test_locked(user_fence.get(), alloc_key, in_flight);
+    } else {
+      stats_.unchecked += 1;
+    }
   }
 
   /// Tests a fence just recorded on `key`'s stream: pending adds `key` to `in_flight`; a
