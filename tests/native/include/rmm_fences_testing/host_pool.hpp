@@ -188,14 +188,14 @@ class host_pool_platform {
     return s;
   }
 
-  fence_type create_fence()
+  fence_type acquire_fence()
   {
     std::lock_guard<std::mutex> lock(log_->mutex);
     log_->fence_stream.push_back(0);
     log_->fence_clock.push_back(0);
     return log_->fence_stream.size() - 1;
   }
-  void destroy_fence(fence_type) noexcept {}
+  void release_fence(fence_type) noexcept {}
 
   bool record(fence_type f, stream_type s) noexcept
   {
@@ -210,7 +210,7 @@ class host_pool_platform {
     return true;
   }
 
-  bool stream_wait(stream_type waiter, fence_type f) noexcept
+  bool device_wait(stream_type waiter, fence_type f) noexcept
   {
     std::lock_guard<std::mutex> lock(log_->mutex);
     if (log_->fail_waits > 0) {

@@ -226,7 +226,7 @@ class host_platform {
     return board_->fence_at(f).signalled;
   }
 
-  bool wait(fence_type f)
+  bool host_wait(fence_type f)
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     if (board_->fails(board_->fail_wait)) { return false; }

@@ -255,7 +255,7 @@ class sim_platform {
   void release_fence(fence_type f) { device_->release(f); }
   bool record(fence_type f, stream_type s) { return device_->record(f, key(s)); }
   [[nodiscard]] fence_state query(fence_type f) const { return device_->query(f); }
-  bool wait(stream_type s, fence_type f) { return device_->wait(key(s), f); }
+  bool device_wait(stream_type s, fence_type f) { return device_->wait(key(s), f); }
   [[nodiscard]] bool is_capturing(stream_type s) const { return device_->is_capturing(key(s)); }
   void annotate_allocation(void*, std::size_t) { ++annotations; }
   void annotate_free(void*) { --annotations; }

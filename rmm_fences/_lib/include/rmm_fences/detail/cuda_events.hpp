@@ -29,46 +29,6 @@ enum class fence_state : int {
 };
 
 /**
- * @brief Fence operations over CUDA events, for `deferred_free_list` and the tracker.
- *
- * Every call runs in relaxed capture mode: while another thread captures in the global mode
- * (the default of `cudaStreamBeginCapture` and `torch.cuda.graph`), an event query or sync from
- * this thread would otherwise fail and invalidate that capture. An error is never read as
- * "complete": `query` says `failed`, `ready` false and `wait` false, so no caller may release
- * a block or count a check on it.
- */
-struct cuda_event_fence_ops {
-  using fence_type = cudaEvent_t;
-
-  static fence_state query(cudaEvent_t event) noexcept
-  {
-    relaxed_capture_scope relaxed;
-    if (auto const q = driver_api::get().event_query; q != nullptr) {
-      auto const result = q(event);
-      if (result == CUDA_SUCCESS) { return fence_state::complete; }
-      if (result == CUDA_ERROR_NOT_READY) { return fence_state::pending; }
-      // anything else (no current context, say): ask the runtime, which sets one up
-    }
-    auto const status = cudaEventQuery(event);
-    if (status == cudaSuccess) { return fence_state::complete; }
-    (void)cudaGetLastError();
-    return status == cudaErrorNotReady ? fence_state::pending : fence_state::failed;
-  }
-
-  /// True only when the event is known to have completed.
-  static bool ready(cudaEvent_t event) noexcept { return query(event) == fence_state::complete; }
-
-  /// Blocks until the event completed; false when the wait failed (nothing is known then).
-  static bool wait(cudaEvent_t event) noexcept
-  {
-    relaxed_capture_scope relaxed;
-    if (cudaEventSynchronize(event) == cudaSuccess) { return true; }
-    (void)cudaGetLastError();
-    return false;
-  }
-};
-
-/**
  * @brief A pool of timing-disabled events of one device, reused as fences.
  *
  * Thread-safe. Events are created on the pool's device and destroyed with the pool.
@@ -155,29 +115,50 @@ inline bool is_capturing(cuda::stream_ref stream) noexcept
 }
 
 /**
- * @brief The CUDA side of `sync_on_free_core`: pooled events as fences on one device.
+ * @brief The CUDA operations every platform shares: pooled or created events as fences
+ * (`fence_type`), `record`, the fence tests `query` / `ready`, `host_wait` (the host blocks),
+ * `device_wait` (a stream waits on the device: the host does not block), `is_capturing`,
+ * `sync_stream`; `sync_device_of` for the platforms' `sync_device`.
  *
- * Records, stream waits, syncs and identity queries run in relaxed capture mode: while another
- * thread captures in the global mode, this thread's calls then neither fail for that reason nor
- * invalidate that capture. A sync that fails returns false (the core never counts it or frees
- * on it).
+ * `query`, `ready`, `host_wait`, `record`, `device_wait` and `sync_stream` run in relaxed
+ * capture mode: while another thread captures in the global mode (the default of
+ * `cudaStreamBeginCapture` and `torch.cuda.graph`), an event query, record or sync from this
+ * thread would otherwise fail and invalidate that capture. An error is never read as
+ * "complete": `query` says `failed`, `ready` false and `host_wait` false, so no caller may
+ * release a block or count a check on it. `deferred_free_list` uses `ready` and `host_wait`.
  */
-class cuda_platform : public cuda_event_fence_ops {
- public:
-  using stream_type   = cuda::stream_ref;
-  using out_of_memory = rmm::out_of_memory;
+struct cuda_platform_base {
+  using fence_type = cudaEvent_t;
 
-  explicit cuda_platform(rmm::cuda_device_id device) : device_{device}, events_{device} {}
-
-  /// A pooled event; one is created (in relaxed capture mode) when the pool is empty.
-  [[nodiscard]] cudaEvent_t acquire_fence()
+  static fence_state query(cudaEvent_t event) noexcept
   {
     relaxed_capture_scope relaxed;
-    return events_.acquire();
+    if (auto const q = driver_api::get().event_query; q != nullptr) {
+      auto const result = q(event);
+      if (result == CUDA_SUCCESS) { return fence_state::complete; }
+      if (result == CUDA_ERROR_NOT_READY) { return fence_state::pending; }
+      // anything else (no current context, say): ask the runtime, which sets one up
+    }
+    auto const status = cudaEventQuery(event);
+    if (status == cudaSuccess) { return fence_state::complete; }
+    (void)cudaGetLastError();
+    return status == cudaErrorNotReady ? fence_state::pending : fence_state::failed;
   }
 
-  void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
+  /// True only when the event is known to have completed.
+  static bool ready(cudaEvent_t event) noexcept { return query(event) == fence_state::complete; }
 
+  /// Blocks the host until the event completed; false when the wait failed (nothing is known
+  /// then).
+  static bool host_wait(cudaEvent_t event) noexcept
+  {
+    relaxed_capture_scope relaxed;
+    if (cudaEventSynchronize(event) == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+
+  /// Records `event` after the work queued on `stream`; false: not recorded.
   static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
   {
     relaxed_capture_scope relaxed;
@@ -193,7 +174,7 @@ class cuda_platform : public cuda_event_fence_ops {
   }
 
   /// Enqueues on `waiter` a wait for `event` (device side: the host does not block).
-  static bool stream_wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
+  static bool device_wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
   {
     relaxed_capture_scope relaxed;
     if (auto const wait = driver_api::get().stream_wait_event; wait != nullptr) {
@@ -210,23 +191,55 @@ class cuda_platform : public cuda_event_fence_ops {
   static bool is_capturing(cuda::stream_ref stream) noexcept
   { return rmm_fences::mr::detail::is_capturing(stream); }
 
-  /// Synchronizes the adaptor's device; false when that failed (nothing is known then).
-  bool sync_device() noexcept
-  {
-    rmm::cuda_set_device_raii guard{device_};
-    relaxed_capture_scope relaxed;
-    if (cudaDeviceSynchronize() == cudaSuccess) { return true; }
-    (void)cudaGetLastError();
-    return false;
-  }
-
-  /// Synchronizes `stream`; false when that failed (nothing is known then).
+  /// Blocks the host until `stream`'s work ran; false when that failed (nothing is known then).
   static bool sync_stream(cuda::stream_ref stream) noexcept
   {
     relaxed_capture_scope relaxed;
     if (cudaStreamSynchronize(stream.get()) == cudaSuccess) { return true; }
     (void)cudaGetLastError();
     return false;
+  }
+
+ protected:
+  /// Synchronizes `device` (in the caller's capture mode); false when that failed.
+  static bool sync_device_of(rmm::cuda_device_id device) noexcept
+  {
+    rmm::cuda_set_device_raii guard{device};
+    if (cudaDeviceSynchronize() == cudaSuccess) { return true; }
+    (void)cudaGetLastError();
+    return false;
+  }
+};
+
+/**
+ * @brief The CUDA side of `sync_on_free_core`: pooled events as fences on one device.
+ *
+ * Records, stream waits, syncs and identity queries run in relaxed capture mode: while another
+ * thread captures in the global mode, this thread's calls then neither fail for that reason nor
+ * invalidate that capture. A sync that fails returns false (the core never counts it or frees
+ * on it).
+ */
+class cuda_platform : public cuda_platform_base {
+ public:
+  using stream_type   = cuda::stream_ref;
+  using out_of_memory = rmm::out_of_memory;
+
+  explicit cuda_platform(rmm::cuda_device_id device) : device_{device}, events_{device} {}
+
+  /// A pooled event; one is created (in relaxed capture mode) when the pool is empty.
+  [[nodiscard]] cudaEvent_t acquire_fence()
+  {
+    relaxed_capture_scope relaxed;
+    return events_.acquire();
+  }
+
+  void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
+
+  /// Synchronizes the adaptor's device; false when that failed (nothing is known then).
+  bool sync_device() noexcept
+  {
+    relaxed_capture_scope relaxed;
+    return sync_device_of(device_);
   }
 
   /**

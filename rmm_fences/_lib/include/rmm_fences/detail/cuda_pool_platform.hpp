@@ -26,10 +26,9 @@
 namespace rmm_fences::mr::detail {
 
 /// `stream_ordered_pool_core`'s platform on one CUDA device.
-class cuda_pool_platform {
+class cuda_pool_platform : public cuda_platform_base {
  public:
   using stream_type   = cuda::stream_ref;
-  using fence_type    = cudaEvent_t;
   using out_of_memory = rmm::out_of_memory;
 
   /// The identity used for the legacy default stream (real stream ids count up from small
@@ -70,7 +69,8 @@ class cuda_pool_platform {
     return query_id(handle);
   }
 
-  [[nodiscard]] cudaEvent_t create_fence() const
+  /// A new event (the pool keeps one per stream slot: no event pool).
+  [[nodiscard]] cudaEvent_t acquire_fence() const
   {
     rmm::cuda_set_device_raii guard{device_};
     cudaEvent_t event{};
@@ -78,35 +78,10 @@ class cuda_pool_platform {
     return event;
   }
 
-  static void destroy_fence(cudaEvent_t event) noexcept { (void)cudaEventDestroy(event); }
+  static void release_fence(cudaEvent_t event) noexcept { (void)cudaEventDestroy(event); }
 
-  static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
-  { return cuda_platform::record(event, stream); }
-
-  /// Enqueues on `waiter` a wait for `event` (device side: the host does not block).
-  static bool stream_wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
-  { return cuda_platform::stream_wait(waiter, event); }
-
-  static bool is_capturing(cuda::stream_ref stream) noexcept
-  { return rmm_fences::mr::detail::is_capturing(stream); }
-
-  bool sync_device() const noexcept
-  {
-    rmm::cuda_set_device_raii guard{device_};
-    if (cudaDeviceSynchronize() == cudaSuccess) { return true; }
-    (void)cudaGetLastError();
-    return false;
-  }
-
-  /// Waits on the host for `stream`'s work (in relaxed capture mode: allowed on a stream that
-  /// is not captured while another is).
-  static bool sync_stream(cuda::stream_ref stream) noexcept
-  {
-    relaxed_capture_scope relaxed;
-    if (cudaStreamSynchronize(stream.get()) == cudaSuccess) { return true; }
-    (void)cudaGetLastError();
-    return false;
-  }
+  /// Synchronizes the pool's device (the core relaxes capture mode around it: `relax`).
+  bool sync_device() const noexcept { return sync_device_of(device_); }
 
   /**
    * @brief False when `stream` is known to belong to another device than the pool's.

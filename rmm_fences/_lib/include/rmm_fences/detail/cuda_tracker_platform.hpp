@@ -2,7 +2,7 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * CUDA mechanism of the hazard tracker: pooled events as fences (tested with
- * `cuda_event_fence_ops::query`: an error is `failed`, never complete), device-side waits,
+ * `cuda_platform_base::query`: an error is `failed`, never complete), device-side waits,
  * capture state and NVTX annotations.
  */
 #pragma once
@@ -24,7 +24,7 @@
 namespace rmm_fences::mr::detail {
 
 /// `hazard_tracker_core`'s platform on one CUDA device.
-class cuda_tracker_platform : public cuda_event_fence_ops {
+class cuda_tracker_platform : public cuda_platform_base {
  public:
   using stream_type = cuda::stream_ref;
   using fence_state = rmm_fences::mr::detail::fence_state;
@@ -61,16 +61,6 @@ class cuda_tracker_platform : public cuda_event_fence_ops {
 
   [[nodiscard]] cudaEvent_t acquire_fence() { return events_.acquire(); }
   void release_fence(cudaEvent_t event) noexcept { events_.release(event); }
-
-  static bool record(cudaEvent_t event, cuda::stream_ref stream) noexcept
-  { return cuda_platform::record(event, stream); }
-
-  /// `waiter` waits on the device for `event`'s record; the host does not block.
-  static bool wait(cuda::stream_ref waiter, cudaEvent_t event) noexcept
-  { return cuda_platform::stream_wait(waiter, event); }
-
-  static bool is_capturing(cuda::stream_ref stream) noexcept
-  { return rmm_fences::mr::detail::is_capturing(stream); }
 
   void annotate_allocation(void* ptr, std::size_t bytes) noexcept { nvtx_.on_allocate(ptr, bytes); }
   void annotate_free(void* ptr) noexcept { nvtx_.on_free(ptr); }

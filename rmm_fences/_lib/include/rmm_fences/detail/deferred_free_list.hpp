@@ -32,7 +32,7 @@ struct deferred_block {
  *
  *   using fence_type = ...;                    // copyable handle
  *   bool ready(fence_type const&);             // non-blocking test: true only when known done
- *   bool wait(fence_type const&);              // block until signalled; false: the wait failed
+ *   bool host_wait(fence_type const&);         // block until signalled; false: the wait failed
  *
  * The CUDA build uses events recorded on the freeing stream; the CPU tests use fences they
  * signal by hand. The list holds no lock and never blocks: its owner serializes every call and
@@ -348,7 +348,7 @@ std::size_t wait_all(FenceOps& ops, Entries& taken, Entries& done, Entries& fail
       failed.push_back(std::move(e));
     } else if (ops.ready(*e.fence)) {
       done.push_back(std::move(e));
-    } else if (ops.wait(*e.fence)) {
+    } else if (ops.host_wait(*e.fence)) {
       ++waits;
       done.push_back(std::move(e));
     } else {

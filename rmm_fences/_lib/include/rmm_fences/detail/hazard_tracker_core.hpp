@@ -18,7 +18,7 @@
  *   fence_type acquire_fence(); void release_fence(fence_type)
  *   bool record(fence_type, stream_type)              false: not recorded (no information)
  *   fence_state query(fence_type)                     of a recorded fence; failed: no information
- *   bool wait(stream_type waiter, fence_type)         device-side wait, no host block
+ *   bool device_wait(stream_type waiter, fence_type)  device-side wait, no host block
  *   bool is_capturing(stream_type)                    no fence is touched on such a stream
  *   void annotate_allocation(void*, std::size_t); void annotate_free(void*)
  * Upstream provides allocate(stream, bytes, alignment) and deallocate(stream, ptr, bytes,
@@ -587,7 +587,7 @@ class hazard_tracker_core {
       }
       stats_.fences += 1;
       if (!ordered_) { test_locked(fence.get(), user_key, in_flight); }
-      if (platform_.wait(stream, fence.get())) {
+      if (platform_.device_wait(stream, fence.get())) {
         stats_.stream_waits += 1;
       } else {
         stats_.unchecked += 1;  // the free is not ordered after the declared stream

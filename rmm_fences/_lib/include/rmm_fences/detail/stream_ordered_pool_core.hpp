@@ -77,9 +77,9 @@ struct free_result {
  *   using stream_type; using fence_type; using out_of_memory;   // the upstream's exception
  *   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t pool_bytes);
  *   std::uint64_t stream_id(stream_type) noexcept;             // identity, never reused
- *   fence_type create_fence(); void destroy_fence(fence_type) noexcept;
+ *   fence_type acquire_fence(); void release_fence(fence_type) noexcept;
  *   bool record(fence_type, stream_type) noexcept;             // after work queued on stream
- *   bool stream_wait(stream_type waiter, fence_type) noexcept; // device-side wait, no host sync
+ *   bool device_wait(stream_type waiter, fence_type) noexcept; // device-side wait, no host sync
  *   bool is_capturing(stream_type) noexcept;
  *   bool sync_device() noexcept;
  *   bool sync_stream(stream_type) noexcept;
@@ -102,7 +102,7 @@ struct free_result {
  *    stream asked for S's blocks, or when S is retired. Recording happens on a call that uses
  *    S, so S is alive. All of S's cached blocks then move to the shared list, tagged with
  *    (S, fence number).
- *  - A stream T takes a tagged block only after enqueuing `stream_wait(T, fence of S)`, unless T
+ *  - A stream T takes a tagged block only after enqueuing `device_wait(T, fence of S)`, unless T
  *    already waited on an equal or later fence of S. Waiting on a later record of S's fence is
  *    correct (it orders T after more of S's work), so one event per slot suffices.
  *  - Blocks of a stream destroyed without being retired stay in its cache: the pool never
@@ -476,7 +476,7 @@ class stream_ordered_pool_core {
     }
     ~slot_type()
     {
-      if (fence.has_value()) { platform->destroy_fence(*fence); }
+      if (fence.has_value()) { platform->release_fence(*fence); }
     }
     slot_type(slot_type const&)            = delete;
     slot_type& operator=(slot_type const&) = delete;
@@ -783,7 +783,7 @@ class stream_ordered_pool_core {
   {
     std::lock_guard<std::mutex> fence_lock(slot.fence_mutex);
     try {
-      if (!slot.fence.has_value()) { slot.fence = platform_.create_fence(); }
+      if (!slot.fence.has_value()) { slot.fence = platform_.acquire_fence(); }
     } catch (...) {
       return std::nullopt;
     }
@@ -859,7 +859,7 @@ class stream_ordered_pool_core {
       std::uint64_t recorded = 0;
       {
         std::lock_guard<std::mutex> fence_lock(owner->fence_mutex);
-        if (!owner->fence.has_value() || !platform_.stream_wait(stream, *owner->fence)) {
+        if (!owner->fence.has_value() || !platform_.device_wait(stream, *owner->fence)) {
           return false;
         }
         recorded = owner->fence_number;

@@ -33,7 +33,7 @@ namespace rmm_fences::mr::detail {
  *
  *   using fence_type; using stream_type; using out_of_memory;     // exception of the upstream
  *   bool ready(fence_type);                    // true only when known complete (error: false)
- *   bool wait(fence_type);                     // blocking wait; false when the wait failed
+ *   bool host_wait(fence_type);                // blocking wait; false when the wait failed
  *   fence_type acquire_fence(); void release_fence(fence_type) noexcept;
  *   bool record(fence_type, stream_type) noexcept;                // fence after queued work
  *   bool is_capturing(stream_type) noexcept;
@@ -386,7 +386,7 @@ class sync_on_free_core {
       // Out of host memory while listing; handled below.
     }
     if (!listed) {
-      if (platform_.wait(*fence)) {
+      if (platform_.host_wait(*fence)) {
         count_syncs(1);
         ready.push_back(entry{block, fence, 0, platform_.key(stream), 0});
       } else {
