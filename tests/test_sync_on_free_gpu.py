@@ -118,8 +118,12 @@ def test_max_pending_bytes_caps_the_pending_total(cupy, scenarios):
         scenarios.slow_checksum(a, 16, 20, out, s1, grid=1)
         mr.deallocate(a, 1 << 20, rmm_stream(s1))
         assert mr.pending_bytes <= 3 << 20
-    # 8 frees of 1 MiB behind 20 ms kernels: the 4th and later had to wait for the oldest
-    assert mr.stats["syncs"] >= 5
+    # 8 frees of 1 MiB under a 3 MiB cap: at least 5 blocks left the list before the end,
+    # and with 20 ms kernels behind them at least one had to be waited for. (How many were
+    # waited for and how many had already completed depends on the host's speed: under load,
+    # 12 test processes on one H200, it was 4 of 5.)
+    assert mr.stats["released"] >= 5
+    assert mr.stats["syncs"] >= 1
     assert mr.stats["peak_pending_bytes"] == 3 << 20  # the cap is enforced before the peak is noted
     mr.flush()
     assert mr.pending_bytes == 0
@@ -352,23 +356,6 @@ def test_size_mismatch_and_foreign_pointer_raise_and_change_nothing(cupy):
     assert naive.cached_bytes == nbytes and mr.pending_count == 0
 
 
-def _query_legacy_stream(cupy, timeout=5.0):
-    """cudaStreamQuery of the legacy default stream from a fresh thread: True (idle), False
-    (work queued), or "blocked" when the query itself did not return within ``timeout``."""
-    result = ["blocked"]
-
-    def query():
-        try:
-            result[0] = cupy.cuda.Stream.null.done
-        except Exception as exc:  # reported as is
-            result[0] = repr(exc)
-
-    t = threading.Thread(target=query, daemon=True)
-    t.start()
-    t.join(timeout)
-    return result[0]
-
-
 def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cupy, scenarios, rng):
     """Thread A frees a block in a capture of its per-thread default stream while a slow kernel
     on that stream still reads it. Thread B then uses its own per-thread default stream (the
@@ -393,7 +380,7 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
         refs.append(host.astype(np.float64).sum())
         parked, done = threading.Event(), threading.Event()
 
-        def thread_a(i=i, host=host, parked=parked):
+        def thread_a(i=i, host=host, parked=parked, done=done):
             try:
                 a = mr.allocate(nbytes, rptds)
                 scenarios.as_array(a, count, np.float32).set(host, stream=ptds)
@@ -409,6 +396,12 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
                 failures.append(exc)
             finally:
                 parked.set()
+            # A lives until B is done and leaves its stream idle: once a process has used
+            # cudaMallocAsync (CuPy's or rmm's async pools), a thread that exits while a kernel
+            # still runs on its per-thread default stream makes other threads' next CUDA calls
+            # block for good (tools/ptds_exit_hang.py; docs/index.md, stream rules).
+            done.wait(30)
+            ptds.synchronize()
 
         def thread_b(i=i, parked=parked, done=done):
             try:
@@ -427,17 +420,15 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
             finally:
                 done.set()
 
-        ta = threading.Thread(target=thread_a)
-        tb = threading.Thread(target=thread_b)
+        # Daemon threads: one left blocked must not keep the test process from exiting.
+        ta = threading.Thread(target=thread_a, daemon=True)
+        tb = threading.Thread(target=thread_b, daemon=True)
         ta.start()
         tb.start()
         ta.join(30)
         tb.join(30)
         if ta.is_alive() or tb.is_alive():
             dump_stacks(f"trial {i}: a thread is still blocked after 30 s")
-            print(f"legacy default stream idle: {_query_legacy_stream(cupy)}", flush=True)
-        # Seen once, late in a full-suite process on an H200 (not alone, not with its file):
-        # thread B blocked inside its first allocate for over 60 s. Fail fast, naming it.
         assert not ta.is_alive() and not tb.is_alive(), (
             f"trial {i}: thread {'A' if ta.is_alive() else 'B'} still blocked after 30 s"
         )

@@ -34,12 +34,13 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   done
   if kill -0 "$pid" 2>/dev/null; then
     echo "pytest still running after ${TEST_DEADLINE:-420} s: native stacks in $out/hang_bt.txt"
-    gdb=$(command -v cuda-gdb || ls /usr/local/cuda*/bin/cuda-gdb 2>/dev/null | head -1)
+    # Plain gdb first where installed: cuda-gdb attached on the H200 printed no stack in 90 s.
+    gdb=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda*/bin/cuda-gdb 2>/dev/null | head -1)
     { nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
       for t in /proc/"$pid"/task/*; do  # the kernel's view: a spinning thread shows "running"
         echo "$(basename "$t") $(cat "$t/comm") $(cat "$t/wchan") $(cut -c1-40 "$t/syscall")"
       done; } > "$out/hang_threads.txt" 2>&1
-    [ -n "$gdb" ] && timeout 90 "$gdb" -p "$pid" -batch -ex "set pagination off" \
+    [ -n "$gdb" ] && timeout 90 "$gdb" -p "$pid" -batch -nx -ex "set pagination off" \
       -ex "set non-stop off" -ex "info threads" -ex "thread apply all bt 40" \
       > "$out/hang_bt.txt" 2>&1
     kill -9 "$pid"
