@@ -6,7 +6,7 @@
 # make lint : ruff (check, format --check), cython-lint, clang-format --dry-run -Werror on the C++
 #             headers, codespell; the tools are pinned in pyproject.toml's lint extra (the same
 #             commands as .pre-commit-config.yaml's hooks, which run offline)
-# make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the seed's reduce
+# make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the CUB temp-storage loop
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
 # make downstream: GPU host only, CI does not run it: RMM's and CuPy's test suites as shipped and

@@ -101,7 +101,7 @@ def cupy():
 
 @pytest.fixture(scope="session")
 def scenarios(cupy):
-    """rmm_fences._scenarios (the seed's race and its kernels)."""
+    """rmm_fences._scenarios (the free-while-in-flight race trial and its kernels)."""
     from rmm_fences import _scenarios
 
     return _scenarios

@@ -500,7 +500,8 @@ def test_same_stream_reuse_of_a_64_mib_block_never_fences():
 
 
 def test_big_frees_are_fenced_once_another_stream_wanted_the_streams_blocks():
-    """The ping-pong of the seed's race: after one reclaim, s1's big frees are fenced for s2."""
+    """The ping-pong of the cross-stream race trial: after one reclaim, s1's big frees are
+    fenced for s2."""
     p = HostStreamOrderedPool(1 << 20, maximum_pool_size=1 << 20)
     for _ in range(20):
         a = p.allocate(1 << 20, stream=1)

@@ -72,8 +72,8 @@ def test_threads_and_streams_with_real_kernels(cupy, scenarios):
         try:
             for _ in range(20_000):
                 if live and (len(live) > 32 or rng.random() < 0.5):
-                    ptr, nbytes, s, seed = live.pop(int(rng.integers(len(live))))
-                    scenarios.check(ptr, nbytes // 4, seed, errors, streams[s])
+                    ptr, nbytes, s, pattern = live.pop(int(rng.integers(len(live))))
+                    scenarios.check(ptr, nbytes // 4, pattern, errors, streams[s])
                     t = int(rng.integers(8))
                     if t != s:  # free on another stream, ordered after the check
                         streams[t].wait_event(streams[s].record())
@@ -81,12 +81,12 @@ def test_threads_and_streams_with_real_kernels(cupy, scenarios):
                 else:
                     nbytes = int(rng.integers(1, 1 << 16)) * 4
                     s = int(rng.integers(8))
-                    seed = int(rng.integers(1, 2**32))
+                    pattern = int(rng.integers(1, 2**32))
                     ptr = pool.allocate(nbytes, rstreams[s])
-                    scenarios.fill(ptr, nbytes // 4, seed, streams[s])
-                    live.append((ptr, nbytes, s, seed))
-            for ptr, nbytes, s, seed in live:
-                scenarios.check(ptr, nbytes // 4, seed, errors, streams[s])
+                    scenarios.fill(ptr, nbytes // 4, pattern, streams[s])
+                    live.append((ptr, nbytes, s, pattern))
+            for ptr, nbytes, s, pattern in live:
+                scenarios.check(ptr, nbytes // 4, pattern, errors, streams[s])
                 pool.deallocate(ptr, nbytes, rstreams[s])
         except Exception as exc:  # pragma: no cover - reported below
             failures.append(exc)
@@ -211,7 +211,7 @@ extern "C" __global__ void slow_write(unsigned int* a, unsigned long long n, lon
 }
 
 extern "C" __global__ void slow_check(const unsigned int* a, unsigned long long n,
-                                      long long spin, unsigned int seed,
+                                      long long spin, unsigned int pattern,
                                       unsigned long long* errors)
 {
     // Spin first, then compare with the pattern of scenarios.fill (fill_pattern).
@@ -220,7 +220,7 @@ extern "C" __global__ void slow_check(const unsigned int* a, unsigned long long 
     unsigned long long bad = 0;
     for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        bad += (a[i] != ((unsigned int)(i * 2654435761ull) ^ seed));
+        bad += (a[i] != ((unsigned int)(i * 2654435761ull) ^ pattern));
     }
     if (bad) { atomicAdd(errors, bad); }
 }
@@ -261,12 +261,12 @@ def test_growth_over_a_shared_stream_ordered_upstream(cupy, scenarios, slow_kern
         upstream.deallocate(x, nbytes, rs(other))  # freed while the kernel has yet to write
         p = pool.allocate(nbytes, rs(s))  # grows: the upstream can only give x's bytes
         assert pool.stats["upstream_growths"] == trial + 1
-        seed = 1000 + trial
-        scenarios.fill(p, count, seed, stream=s)
+        pattern = 1000 + trial
+        scenarios.fill(p, count, pattern, stream=s)
         other.synchronize()
         s.synchronize()
         before = int(errors.get()[0])
-        scenarios.check(p, count, seed, errors, stream=s)
+        scenarios.check(p, count, pattern, errors, stream=s)
         s.synchronize()
         corrupted += int(errors.get()[0]) > before
         pool.deallocate(p, nbytes, rs(s))

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The seed's reduce end to end on a GPU: CUB DeviceReduce through cuda.compute with its temp
-storage from every chain, checked against float64 (or exact integer) references."""
+"""The CUB temp-storage loop end to end on a GPU: CUB DeviceReduce through cuda.compute with its
+temp storage from every chain, checked against float64 (or exact integer) references."""
 
 import numpy as np
 import pytest
@@ -125,7 +125,7 @@ def test_1000_back_to_back_reduces_on_two_streams(cupy, reduce_mod, rng, chain):
 
 
 def test_the_tracker_sees_the_temp_storage_freed_in_flight(cupy, scenarios, reduce_mod, rng):
-    """The control of the tracker's empty reports above: over the naive cache, the seed's
+    """The control of the tracker's empty reports above: over the naive cache, the loop's
     free of the temp storage right after the launch, behind a slow kernel on the same stream,
     is reported as freed_in_flight (and the sum is still right: same-stream reuse only)."""
     mr = HazardTrackingResourceAdaptor(

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SyncOnFreeResourceAdaptor on a real GPU: the seed's race observed, then fixed."""
+"""SyncOnFreeResourceAdaptor on a real GPU: free while in flight observed, then fixed."""
 
 import gc
 import threading
@@ -146,18 +146,18 @@ def test_many_threads_and_streams_over_rmm_pool(cupy, scenarios):
         try:
             for _i in range(10_000):
                 if live and (len(live) > 16 or rng.random() < 0.5):
-                    ptr, nbytes, s, seed = live.pop(int(rng.integers(len(live))))
-                    scenarios.check(ptr, nbytes // 4, seed, errors, streams[s])
+                    ptr, nbytes, s, pattern = live.pop(int(rng.integers(len(live))))
+                    scenarios.check(ptr, nbytes // 4, pattern, errors, streams[s])
                     mr.deallocate(ptr, nbytes, rstreams[s])
                 else:
                     nbytes = int(rng.integers(1, 1 << 18)) * 4
                     s = int(rng.integers(4))
-                    seed = int(rng.integers(1, 2**32))
+                    pattern = int(rng.integers(1, 2**32))
                     ptr = mr.allocate(nbytes, rstreams[s])
-                    scenarios.fill(ptr, nbytes // 4, seed, streams[s])
-                    live.append((ptr, nbytes, s, seed))
-            for ptr, nbytes, s, seed in live:
-                scenarios.check(ptr, nbytes // 4, seed, errors, streams[s])
+                    scenarios.fill(ptr, nbytes // 4, pattern, streams[s])
+                    live.append((ptr, nbytes, s, pattern))
+            for ptr, nbytes, s, pattern in live:
+                scenarios.check(ptr, nbytes // 4, pattern, errors, streams[s])
                 mr.deallocate(ptr, nbytes, rstreams[s])
         except Exception as exc:  # pragma: no cover - reported below
             failures.append(exc)
@@ -262,7 +262,7 @@ def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, sc
         host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
         scenarios.as_array(a, count, np.float32).set(host, stream=s1)
         refs.append(host.astype(np.float64).sum())
-    seeds = [int(x) for x in rng.integers(1, 2**32, size=trials)]
+    patterns = [int(x) for x in rng.integers(1, 2**32, size=trials)]
     cupy.cuda.Device().synchronize()
 
     started, release, result = threading.Event(), threading.Event(), {}
@@ -278,7 +278,7 @@ def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, sc
             scenarios.slow_checksum(a, count, spin_ms, outs[i : i + 1], s1)
             mr.deallocate(a, nbytes, r1)
             b = mr.allocate(nbytes, r2)
-            scenarios.fill(b, count, seeds[i], s2)
+            scenarios.fill(b, count, patterns[i], s2)
             taken.append(b)
     finally:
         release.set()

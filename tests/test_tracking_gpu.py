@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HazardTrackingResourceAdaptor on a real GPU: the seed's hazards reported as they happen,
-and never on the safe chains."""
+"""HazardTrackingResourceAdaptor on a real GPU: free-while-in-flight hazards reported as they
+happen, and never on the safe chains."""
 
 import json
 import os
@@ -33,7 +33,9 @@ def rmm_stream(s):
     return rmm.pylibrmm.stream.Stream(s)
 
 
-def test_seed_race_over_the_naive_cache_is_reported_with_pointer_and_streams(cupy, scenarios, rng):
+def test_free_in_flight_over_the_naive_cache_is_reported_with_pointer_and_streams(
+    cupy, scenarios, rng
+):
     mr = HazardTrackingResourceAdaptor(
         NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
         on_hazard="record",
@@ -52,7 +54,7 @@ def test_seed_race_over_the_naive_cache_is_reported_with_pointer_and_streams(cup
         with s1:
             out.fill(0.0)
         scenarios.slow_checksum(a, count, 20, out, s1)  # long enough for stack capture
-        mr.deallocate(a, nbytes, s1)  # the seed: no sync before the free
+        mr.deallocate(a, nbytes, s1)  # free while in flight: no sync before the free
         b = mr.allocate(nbytes, s2)
         scenarios.fill(b, count, pattern=trial + 1, stream=s2)
         s1.synchronize()
@@ -87,7 +89,7 @@ def _safe_chain(chain):
 def test_safe_chains_report_a_cross_stream_free_exactly_when_unordered(
     cupy, scenarios, rng, chain, ordered
 ):
-    """The seed's race with the free on the overwriting stream s2 while s1's slow kernel still
+    """The race trial with the free on the overwriting stream s2 while s1's slow kernel still
     reads the block. Control (unordered): both safe chains reuse the block on s2 at once, the
     kernel's checksum is corrupted and the tracker reports every trial. Ordered (s2 waits for
     an event recorded on s1 before the free): correct checksums, no report, and the tracker
