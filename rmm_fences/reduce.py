@@ -281,42 +281,36 @@ def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
 
 def _launch(reducer, d_in, d_out, n, op, init, handle, resource, device):
     cc_stream = StreamHandle(handle) if handle else None
-    fn = reducer.fn
     if device is None:
         import cupy
 
         device = cupy.cuda.runtime.getDevice()
     size = reducer.sizes.get((device, n))
     if size is None:
-        with reducer.lock:
-            nbytes = fn(
-                temp_storage=None,
-                d_in=d_in,
-                d_out=d_out,
-                num_items=n,
-                op=op,
-                h_init=init,
-                stream=cc_stream,
-            )
-        size = max(int(nbytes), 1)
+        size = max(int(_call(reducer, None, d_in, d_out, n, op, init, cc_stream)), 1)
         if len(reducer.sizes) >= 4096:
             reducer.sizes.clear()
         reducer.sizes[(device, n)] = size
     rs = rmm_stream(handle)
     ptr = resource.allocate(size, rs)
     try:
-        with reducer.lock:
-            fn(
-                temp_storage=TempStorage(ptr, size),
-                d_in=d_in,
-                d_out=d_out,
-                num_items=n,
-                op=op,
-                h_init=init,
-                stream=cc_stream,
-            )
+        _call(reducer, TempStorage(ptr, size), d_in, d_out, n, op, init, cc_stream)
     finally:
         resource.deallocate(ptr, size, rs)  # no sync: the resource orders the reuse
+
+
+def _call(reducer, temp_storage, d_in, d_out, n, op, init, cc_stream):
+    """The reducer on ``temp_storage``; with None, the temp storage bytes it needs."""
+    with reducer.lock:
+        return reducer.fn(
+            temp_storage=temp_storage,
+            d_in=d_in,
+            d_out=d_out,
+            num_items=n,
+            op=op,
+            h_init=init,
+            stream=cc_stream,
+        )
 
 
 def _cupy_stream(cupy, handle):
