@@ -164,13 +164,12 @@ inline double random_allocations_ops(rmm::device_async_resource_ref mr,
 }
 
 /**
- * @brief Aggregate allocate+free pairs per second of one thread per stream, each running
- * `iterations` pairs of `bytes` on its own stream, started together.
+ * @brief One thread per stream, each on the caller's device: `warm_up(stream)`, then all
+ * released together to run `body(stream)`. Returns the seconds from the release until the last
+ * thread ended.
  */
-inline double threaded_alloc_free_pairs(rmm::device_async_resource_ref mr,
-                                        std::size_t bytes,
-                                        std::uint64_t iterations,
-                                        std::vector<cudaStream_t> const& streams)
+template <typename WarmUp, typename Body>
+double timed_threads(std::vector<cudaStream_t> const& streams, WarmUp warm_up, Body body)
 {
   std::atomic<std::size_t> ready{0};
   std::atomic<bool> go{false};
@@ -180,21 +179,10 @@ inline double threaded_alloc_free_pairs(rmm::device_async_resource_ref mr,
   for (auto handle : streams) {
     threads.emplace_back([&, handle] {
       (void)cudaSetDevice(device);
-      cuda::stream_ref stream{handle};
-      for (int i = 0; i < 100; ++i) {  // warm up: the stream's slot, caches
-        mr.deallocate(stream,
-                      mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
-                      bytes,
-                      rmm::CUDA_ALLOCATION_ALIGNMENT);
-      }
+      warm_up(handle);
       ready.fetch_add(1);
       while (!go.load()) {}
-      for (std::uint64_t i = 0; i < iterations; ++i) {
-        mr.deallocate(stream,
-                      mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
-                      bytes,
-                      rmm::CUDA_ALLOCATION_ALIGNMENT);
-      }
+      body(handle);
     });
   }
   while (ready.load() < streams.size()) {}
@@ -203,8 +191,32 @@ inline double threaded_alloc_free_pairs(rmm::device_async_resource_ref mr,
   for (auto& t : threads) {
     t.join();
   }
-  auto const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return static_cast<double>(iterations * streams.size()) / s;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/**
+ * @brief Aggregate allocate+free pairs per second of one thread per stream, each running
+ * `iterations` pairs of `bytes` on its own stream, started together.
+ */
+inline double threaded_alloc_free_pairs(rmm::device_async_resource_ref mr,
+                                        std::size_t bytes,
+                                        std::uint64_t iterations,
+                                        std::vector<cudaStream_t> const& streams)
+{
+  auto pairs = [&](cudaStream_t handle, std::uint64_t count) {
+    cuda::stream_ref stream{handle};
+    for (std::uint64_t i = 0; i < count; ++i) {
+      mr.deallocate(stream,
+                    mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
+                    bytes,
+                    rmm::CUDA_ALLOCATION_ALIGNMENT);
+    }
+  };
+  auto const secs = timed_threads(
+    streams,
+    [&](cudaStream_t handle) { pairs(handle, 100); },  // warm up: the stream's slot, caches
+    [&](cudaStream_t handle) { pairs(handle, iterations); });
+  return static_cast<double>(iterations * streams.size()) / secs;
 }
 
 /**
@@ -218,19 +230,13 @@ inline double threaded_stream_queries(int which,
 {
   auto const& api = rmm_fences::mr::detail::driver_api::get();
   if (api.stream_is_capturing == nullptr || api.stream_get_id == nullptr) { return 0.0; }
-  std::atomic<std::size_t> ready{0};
-  std::atomic<bool> go{false};
-  std::vector<std::thread> threads;
-  int device = 0;
-  RMM_CUDA_TRY(cudaGetDevice(&device));
-  for (auto handle : streams) {
-    threads.emplace_back([&, handle] {
-      (void)cudaSetDevice(device);
+  auto const secs = timed_threads(
+    streams,
+    [](cudaStream_t) {},
+    [&](cudaStream_t handle) {
       auto const s = reinterpret_cast<CUstream>(handle);
       CUstreamCaptureStatus status{};
       unsigned long long id{};
-      ready.fetch_add(1);
-      while (!go.load()) {}
       for (std::uint64_t i = 0; i < iterations; ++i) {
         if (which == 0) {
           (void)api.stream_is_capturing(s, &status);
@@ -239,14 +245,6 @@ inline double threaded_stream_queries(int which,
         }
       }
     });
-  }
-  while (ready.load() < streams.size()) {}
-  auto const start = std::chrono::steady_clock::now();
-  go.store(true);
-  for (auto& t : threads) {
-    t.join();
-  }
-  auto const secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return static_cast<double>(iterations * streams.size()) / secs;
 }
 
