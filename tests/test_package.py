@@ -61,6 +61,9 @@ def test_typed_stubs_are_installed():
     ):
         assert name in bench_stub
         assert name not in stub
+    torch_stub = (lib / "_torch.pyi").read_text()
+    for name in ("def install_core", "def stats", "def reset_peak", "def entry_points"):
+        assert name in torch_stub
     assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
 
 
@@ -183,7 +186,7 @@ def test_the_installed_package_holds_no_test_or_benchmark_source():
     pkg = pathlib.Path(rmm_fences.__file__).parent
     files = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
     assert not [f for f in files if "_testing" in f or "/testing/" in f or "vmm_child" in f]
-    assert not [f for f in files if f.endswith("bench.hpp")]
+    assert not [f for f in files if f.endswith(("bench.hpp", "_torch.hpp"))]
     headers = sorted(f for f in files if f.endswith(".hpp"))
     assert headers and all(f.startswith("_lib/include/rmm_fences/") for f in headers)
 

@@ -117,3 +117,29 @@ def _pxd_structs():
 )
 def test_the_stats_typed_dicts_follow_the_cpp_counters(typed_dict, struct, extra):
     assert stub_api()[2][typed_dict] == _pxd_structs()[struct] + extra
+
+
+def test_the_torch_stub_lists_the_module_functions_and_counters():
+    from rmm_fences._lib import _torch
+
+    stub = ast.parse((LIB / "_torch.pyi").read_text())
+    functions = {n.name for n in stub.body if isinstance(n, ast.FunctionDef)}
+    names = {
+        n.target.id
+        for n in stub.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+    module_functions = {
+        name
+        for name, obj in vars(_torch).items()
+        if _public(name) and callable(obj) and getattr(obj, "__module__", None) == _torch.__name__
+    }
+    assert functions == module_functions
+    assert names == {"ALLOC_FN", "FREE_FN", "RECORD_STREAM_FN"}
+    counters = {
+        n.name: [i.target.id for i in n.body if isinstance(i, ast.AnnAssign)]
+        for n in stub.body
+        if isinstance(n, ast.ClassDef)
+    }
+    assert counters["TorchAllocatorStats"] == _pxd_structs()["torch_allocator_stats"]
+    assert counters["EntryPoints"] == ["alloc", "free", "record_stream"]

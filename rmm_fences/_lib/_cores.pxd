@@ -79,6 +79,25 @@ cdef extern from "rmm_fences/mr/stats.hpp" namespace "rmm_fences::mr" nogil:
         size_t allocated_bytes
         size_t peak_bytes
 
+    cdef struct torch_allocator_stats:
+        uint64_t allocations
+        uint64_t frees
+        uint64_t current_allocations
+        uint64_t peak_allocations
+        uint64_t allocated_bytes
+        uint64_t freed_bytes
+        uint64_t current_bytes
+        uint64_t peak_bytes
+        uint64_t num_ooms
+        uint64_t record_stream_calls
+        uint64_t recorded_frees
+        uint64_t stream_waits
+        uint64_t stream_syncs
+        uint64_t leaked_blocks
+        uint64_t leaked_bytes
+        uint64_t rejected_frees
+        uint64_t unknown_record_streams
+
 
 cdef extern from "rmm_fences/mr/hazards.hpp" namespace "rmm_fences::mr" nogil:
     # the kinds are named by hazard_kind_name (see hazard_kind_names), not listed here

@@ -30,6 +30,7 @@ from rmm_fences._lib._cores cimport (
     stream_ordered_pool_stats,
     sync_mode,
     sync_on_free_stats,
+    torch_allocator_stats,
 )
 
 
@@ -821,3 +822,164 @@ cdef class SimHazardTracker:
     @property
     def stats(self) -> dict:
         return deref(self.c_obj).core().stats()
+
+
+cdef extern from "rmm_fences_testing/host_torch.hpp" namespace "rmm_fences::testing":
+    cdef cppclass torch_event:
+        string kind
+        uint64_t a
+        uint64_t b
+        uint64_t c
+
+    cdef cppclass torch_log:
+        int fail_acquire
+        int fail_record
+        int fail_wait
+        int fail_sync
+        int64_t live_fences
+        uint64_t waits_ok
+        uint64_t syncs_ok
+        uint64_t unsafe_frees
+
+    cdef cppclass torch_core_type "rmm_fences::mr::detail::torch_allocator_core<rmm_fences::testing::torch_host_platform, rmm_fences::testing::torch_host_upstream>":  # noqa: E501 (a C++ name)
+        torch_allocator_stats stats() except +
+        void reset_peak()
+        size_t live_count() except +
+
+    cdef cppclass torch_host_upstream:
+        size_t used() except +
+        uint64_t bad_frees() except +
+
+    cdef cppclass torch_thread_result:
+        uint64_t allocations
+        uint64_t frees
+        uint64_t records
+        uint64_t unknown_records
+        uint64_t ooms
+        uint64_t unsafe_frees
+        uint64_t upstream_bad_frees
+        uint64_t upstream_used
+        uint64_t waits_ok
+        uint64_t syncs_ok
+        int64_t live_fences
+        uint64_t live_count
+
+    cdef cppclass host_torch_allocator:
+        host_torch_allocator(size_t) except +
+        void* allocate(uintptr_t, size_t) except +MemoryError
+        bool record_stream(void*, uintptr_t) except +
+        void deallocate(void*, size_t, uintptr_t) except +
+        torch_thread_result run_threads(int, int, uint64_t) nogil except +
+        vector[torch_event] events() except +
+        void clear_events() except +
+        torch_core_type& core()
+        torch_log& log()
+        torch_host_upstream& upstream()
+
+
+#: The arguments each logged event kind carries.
+_TORCH_EVENT_ARITY = {
+    "acquire": 1, "release": 1, "record": 2, "record_failed": 2, "wait": 2, "wait_failed": 2,
+    "sync": 1, "sync_failed": 1, "alloc": 3, "free": 3,
+}
+
+
+cdef class HostTorchAllocator:
+    """The PyTorch allocator's core over host memory, with a logging platform.
+
+    Streams are handles (ints). Every platform and upstream call is logged in order
+    (:attr:`events`): ``("acquire", fence)``, ``("record", fence, stream)``, ``("wait", waiter,
+    fence)``, ``("release", fence)``, ``("sync", stream)``, their ``*_failed`` forms, ``("alloc",
+    ptr, stream, nbytes)`` and ``("free", ptr, stream, nbytes)``. The upstream counts an unsafe
+    free when a stream that used the block was not ordered before its release.
+    """
+
+    cdef unique_ptr[host_torch_allocator] c_obj
+
+    def __cinit__(self, size_t upstream_limit=1 << 40):
+        self.c_obj.reset(new host_torch_allocator(upstream_limit))
+
+    def allocate(self, size_t nbytes, uintptr_t stream=1) -> int:
+        """Raises MemoryError when the upstream's limit is reached (its out_of_memory)."""
+        return <uintptr_t>deref(self.c_obj).allocate(stream, nbytes)
+
+    def record_stream(self, uintptr_t ptr, uintptr_t stream) -> bool:
+        """``Tensor.record_stream``; returns whether ``ptr`` is a live block."""
+        return deref(self.c_obj).record_stream(<void*>ptr, stream)
+
+    def deallocate(self, uintptr_t ptr, size_t nbytes, uintptr_t stream=1) -> None:
+        """PyTorch's free (noexcept: a bad free is counted and printed on stderr)."""
+        deref(self.c_obj).deallocate(<void*>ptr, nbytes, stream)
+
+    def fail_next(self, str kind, int count=1) -> None:
+        """The next ``count`` calls of ``kind`` fail: acquire, record, wait or sync."""
+        cdef torch_log* log = &deref(self.c_obj).log()
+        if kind == "acquire":
+            log.fail_acquire = count
+        elif kind == "record":
+            log.fail_record = count
+        elif kind == "wait":
+            log.fail_wait = count
+        elif kind == "sync":
+            log.fail_sync = count
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+
+    @property
+    def events(self) -> list:
+        out = []
+        for e in deref(self.c_obj).events():
+            kind = e.kind.decode("ascii")
+            out.append((kind, e.a, e.b, e.c)[: 1 + _TORCH_EVENT_ARITY[kind]])
+        return out
+
+    def clear_events(self) -> None:
+        deref(self.c_obj).clear_events()
+
+    @property
+    def stats(self) -> dict:
+        return deref(self.c_obj).core().stats()
+
+    def reset_peak(self) -> None:
+        deref(self.c_obj).core().reset_peak()
+
+    @property
+    def live_count(self) -> int:
+        return deref(self.c_obj).core().live_count()
+
+    @property
+    def live_fences(self) -> int:
+        """Fences acquired and not released."""
+        return deref(self.c_obj).log().live_fences
+
+    @property
+    def unsafe_frees(self) -> int:
+        return deref(self.c_obj).log().unsafe_frees
+
+    @property
+    def upstream_used(self) -> int:
+        return deref(self.c_obj).upstream().used()
+
+    @property
+    def upstream_bad_frees(self) -> int:
+        return deref(self.c_obj).upstream().bad_frees()
+
+    def run_threads(self, int workers=4, int iterations=2000, uint64_t random_state=1) -> dict:
+        """Real threads racing allocations, record_stream and frees under faults (the C++)."""
+        cdef torch_thread_result r
+        with nogil:
+            r = deref(self.c_obj).run_threads(workers, iterations, random_state)
+        return {
+            "allocations": r.allocations,
+            "frees": r.frees,
+            "records": r.records,
+            "unknown_records": r.unknown_records,
+            "ooms": r.ooms,
+            "unsafe_frees": r.unsafe_frees,
+            "upstream_bad_frees": r.upstream_bad_frees,
+            "upstream_used": r.upstream_used,
+            "waits_ok": r.waits_ok,
+            "syncs_ok": r.syncs_ok,
+            "live_fences": r.live_fences,
+            "live_count": r.live_count,
+        }

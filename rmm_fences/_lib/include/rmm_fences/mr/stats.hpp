@@ -53,4 +53,26 @@ struct hazard_tracker_stats {
   std::size_t peak_bytes{};
 };
 
+/// Counters of the PyTorch allocator core (`rmm_fences.allocators.torch`): monotonic, except
+/// `current_*` and the peaks (reset by `reset_peak`).
+struct torch_allocator_stats {
+  std::uint64_t allocations{};             ///< blocks handed to PyTorch
+  std::uint64_t frees{};                   ///< blocks PyTorch gave back (accepted frees)
+  std::uint64_t current_allocations{};     ///< blocks PyTorch holds now
+  std::uint64_t peak_allocations{};        ///< most blocks held at once
+  std::uint64_t allocated_bytes{};         ///< bytes of every block handed out
+  std::uint64_t freed_bytes{};             ///< bytes of every accepted free
+  std::uint64_t current_bytes{};           ///< bytes PyTorch holds now
+  std::uint64_t peak_bytes{};              ///< most bytes held at once
+  std::uint64_t num_ooms{};                ///< allocations the upstream refused (out of memory)
+  std::uint64_t record_stream_calls{};     ///< `record_stream` calls on a live block
+  std::uint64_t recorded_frees{};          ///< frees of a block recorded on another stream
+  std::uint64_t stream_waits{};            ///< allocation stream waits on a recorded stream
+  std::uint64_t stream_syncs{};            ///< host syncs of a recorded stream (wait failed)
+  std::uint64_t leaked_blocks{};           ///< blocks kept from the upstream (no safe order)
+  std::uint64_t leaked_bytes{};            ///< their bytes
+  std::uint64_t rejected_frees{};          ///< unknown pointers, double frees, size mismatches
+  std::uint64_t unknown_record_streams{};  ///< `record_stream` on a pointer not live here
+};
+
 }  // namespace rmm_fences::mr
