@@ -272,7 +272,9 @@ def hazard(allocator: str, pattern: str, trials: int = 20, seed: int = 0) -> dic
     rng = np.random.default_rng(seed)
     n = 1 << 22  # 16 MiB of float32
     main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-    cycles = int(torch.cuda.get_device_properties(0).clock_rate * 1e3 * 0.02)  # about 20 ms
+    # About 20 ms of GPU clock (kHz where PyTorch reports it; else an H200's 1.98 GHz).
+    khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 1_980_000
+    cycles = int(khz * 1e3 * 0.02)
     corrupted = 0
     for _ in range(trials):
         host = torch.from_numpy(rng.standard_normal(n, dtype=np.float32) + 1.0).pin_memory()
