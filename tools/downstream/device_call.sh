@@ -2,7 +2,7 @@
 # One call on the GPU host (the device tool), from the repository root, with .whl (the pinned
 # wheels and install.sh), .dist (the rmm_fences wheel) and .downstream (the suites' sources,
 # from fetch_sources.sh) carried:
-#   DS_ARGS="--chains pool" DEADLINE=480 bash tools/downstream/device_call.sh
+#   DS_ARGS="--chains pool" DEADLINE=480 [SUITES=cupy] bash tools/downstream/device_call.sh
 # The harness's output folder and CuPy's kernel cache travel between calls as
 # .downstream/state.tgz.part-*: each call resumes what the earlier ones left (--resume) and
 # stops starting files at DEADLINE seconds. Bring the parts back with
@@ -17,9 +17,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 if ls .downstream/state.tgz.part-* >/dev/null 2>&1; then
   cat .downstream/state.tgz.part-* | tar xzf - -C /tmp/ds
 fi
-suites=()
-[ -d .downstream/rmm-tests ] && suites+=(--suite rmm=.downstream/rmm-tests)
-[ -d .downstream/cupy-tests ] && suites+=(--suite cupy=.downstream/cupy-tests)
+suites=()  # SUITES="cupy" (or "rmm"): only those of the fetched suites (default: both)
+for name in ${SUITES:-rmm cupy}; do
+  [ -d ".downstream/$name-tests" ] && suites+=(--suite "$name=.downstream/$name-tests")
+done
 RMM_FENCES_COMMIT=${RMM_FENCES_COMMIT:-} python3 -P tools/downstream/run.py "${suites[@]}" \
   --out /tmp/ds/out --cupy-cache /tmp/ds/kernels --resume --deadline "${DEADLINE:-480}" \
   --jobs "${JOBS:-12}" ${DS_ARGS:-} > "$out/run.txt" 2> "$out/progress.txt"
