@@ -375,3 +375,18 @@ def test_growth_during_capture_of_a_blocking_stream(cupy, scenarios):
     pool.deallocate(a, nbytes, rs(s))
     pool.release()  # back upstream on the pool's own stream
     assert pool.pool_size() == 0
+
+
+def test_native_pairs_freed_on_another_stream_are_cross_stream_reuse(cupy):
+    # rmm_fences.bench.alloc_free_ns(..., free_stream=) (the asv CrossStream benchmark):
+    # allocations on s1 reuse blocks freed on s2, through fences and waits, without growth.
+    from rmm_fences.bench import alloc_free_ns
+
+    pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 26)
+    s1, s2 = (rmm.pylibrmm.stream.Stream(cupy.cuda.Stream(non_blocking=True)) for _ in range(2))
+    ns = alloc_free_ns(pool, 1 << 20, 2000, s1, warmup=0, free_stream=s2)
+    stats = pool.stats
+    print(f"\ncross-stream native pair: {ns:.0f} ns, {stats}")
+    assert ns > 0 and stats["current_bytes"] == 0 and stats["rejected_frees"] == 0
+    assert stats["cross_stream_reuse"] > 0 and stats["stream_waits"] > 0
+    assert stats["upstream_growths"] == 0  # 1 MiB blocks circulate in the initial 64 MiB

@@ -33,28 +33,33 @@
 namespace rmm_fences::bench {
 
 /**
- * @brief Mean host nanoseconds of one allocate + deallocate pair of `bytes` on `stream`.
+ * @brief Mean host nanoseconds of one allocate (on `stream`) + deallocate (on `free_stream`)
+ * pair of `bytes`.
  *
- * Runs `warmup` untimed pairs first. Only host time is measured: no kernel touches the blocks.
+ * With `free_stream` another stream than `stream`, the allocations reuse blocks freed on
+ * another stream (cross-stream reuse: a stream-ordered pool makes `stream` wait on a fence of
+ * `free_stream`). Runs `warmup` untimed pairs first. Only host time is measured: no
+ * kernel touches the blocks.
  */
 inline double alloc_free_ns(rmm::device_async_resource_ref mr,
                             std::size_t bytes,
                             std::uint64_t iterations,
                             cuda::stream_ref stream,
-                            std::uint64_t warmup)
+                            std::uint64_t warmup,
+                            cuda::stream_ref free_stream)
 {
-  for (std::uint64_t i = 0; i < warmup; ++i) {
-    mr.deallocate(stream,
+  auto pair = [&] {
+    mr.deallocate(free_stream,
                   mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
                   bytes,
                   rmm::CUDA_ALLOCATION_ALIGNMENT);
+  };
+  for (std::uint64_t i = 0; i < warmup; ++i) {
+    pair();
   }
   auto const start = std::chrono::steady_clock::now();
   for (std::uint64_t i = 0; i < iterations; ++i) {
-    mr.deallocate(stream,
-                  mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT),
-                  bytes,
-                  rmm::CUDA_ALLOCATION_ALIGNMENT);
+    pair();
   }
   auto const stop = std::chrono::steady_clock::now();
   auto const ns   = std::chrono::duration<double, std::nano>(stop - start).count();

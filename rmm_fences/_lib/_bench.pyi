@@ -10,6 +10,7 @@ def alloc_free_ns(
     stream: Any = None,
     *,
     warmup: int = 100,
+    free_stream: Any = None,
 ) -> float: ...
 def fence_call_ns(iterations: int = 100000, stream: Any = None) -> dict[str, float]: ...
 def random_allocations(

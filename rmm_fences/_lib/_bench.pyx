@@ -31,6 +31,7 @@ cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
         uint64_t iterations,
         stream_ref stream,
         uint64_t warmup,
+        stream_ref free_stream,
     ) except +
 
     cdef struct fence_costs:
@@ -74,7 +75,7 @@ cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
 
 
 def alloc_free_ns(DeviceMemoryResource mr not None, nbytes, size_t iterations=10000,
-                  stream=None, *, size_t warmup=100) -> float:
+                  stream=None, *, size_t warmup=100, free_stream=None) -> float:
     """Mean nanoseconds of one ``allocate`` + ``deallocate`` pair, timed in C++.
 
     The loop runs without the GIL and touches no memory: it measures the host cost of the
@@ -93,15 +94,21 @@ def alloc_free_ns(DeviceMemoryResource mr not None, nbytes, size_t iterations=10
         ``__cuda_stream__`` stream.
     warmup : int
         Untimed pairs run first.
+    free_stream : optional
+        Where each block is freed (default: ``stream``). With another stream the allocations
+        reuse blocks freed on another stream (a stream-ordered pool then makes ``stream`` wait
+        on a fence of ``free_stream``).
     """
     cdef size_t c_nbytes = parse_bytes(nbytes, "nbytes")
     if iterations == 0:
         raise ValueError("iterations must be positive, got 0")
     cdef Stream s = as_stream(stream)
+    cdef Stream fs = s if free_stream is None else as_stream(free_stream)
     cdef stream_ref c_stream = s.view()
+    cdef stream_ref c_free_stream = fs.view()
     cdef double ns
     with nogil:
-        ns = c_alloc_free_ns(mr.get_mr(), c_nbytes, iterations, c_stream, warmup)
+        ns = c_alloc_free_ns(mr.get_mr(), c_nbytes, iterations, c_stream, warmup, c_free_stream)
     return ns
 
 

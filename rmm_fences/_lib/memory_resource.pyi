@@ -62,6 +62,7 @@ class StreamOrderedPoolStats(TypedDict):
     reclaim_syncs: int
     retired_streams: int
     rejected_frees: int
+    stream_slots: int
 
 class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def __init__(

@@ -421,7 +421,8 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def stats(self) -> dict:
         """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``same_stream_reuse``,
         ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
-        ``reclaim_syncs``, ``retired_streams``, ``rejected_frees``."""
+        ``reclaim_syncs``, ``retired_streams``, ``rejected_frees``, ``stream_slots`` (slots
+        held, one per stream seen, retired ones included)."""
         return deref(self.c_obj).stats()
 
 

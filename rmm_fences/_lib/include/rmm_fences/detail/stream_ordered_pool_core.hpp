@@ -395,10 +395,12 @@ class stream_ordered_pool_core {
   [[nodiscard]] rmm_fences::mr::stream_ordered_pool_stats stats()
   {
     std::uint64_t same_stream = 0;
+    std::uint64_t slots       = 0;
     for_each_slot([&](slot_type& slot) {
       std::lock_guard<spin_mutex> lock(slot.mutex);
       settle(slot);
       same_stream += slot.same_stream_hits;
+      ++slots;
     });
     rmm_fences::mr::stream_ordered_pool_stats s;
     s.current_bytes = static_cast<std::uint64_t>(current_bytes_.load(std::memory_order_relaxed));
@@ -412,6 +414,7 @@ class stream_ordered_pool_core {
     s.reclaim_syncs      = reclaim_syncs_.load(std::memory_order_relaxed);
     s.retired_streams    = retired_count_.load(std::memory_order_relaxed);
     s.rejected_frees     = rejected_frees_.load(std::memory_order_relaxed);
+    s.stream_slots       = slots;
     return s;
   }
 

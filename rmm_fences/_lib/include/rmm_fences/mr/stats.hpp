@@ -35,6 +35,10 @@ struct stream_ordered_pool_stats {
   std::uint64_t reclaim_syncs{};       ///< device syncs before giving up (near out-of-memory)
   std::uint64_t retired_streams{};     ///< streams retired through `retire_stream`
   std::uint64_t rejected_frees{};      ///< frees refused (double, foreign, wrong size)
+  /// Per-stream slots held, retired ones included: one per stream identity seen, each with
+  /// its cache and (once it fenced) an event. Slots of streams destroyed without
+  /// `retire_stream` are kept too.
+  std::uint64_t stream_slots{};
 };
 
 /// Counters of the tracker.
