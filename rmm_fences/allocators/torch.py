@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import threading
 
 __all__ = [
     "TorchAllocator",
@@ -67,6 +68,7 @@ class _PoolRoute:
 
 
 _POOL_ROUTE: _PoolRoute | None = None
+_ROUTE_LOCK = threading.Lock()  # install() and the first mem_pool() each fix a route once
 
 
 def _native():
@@ -237,33 +239,34 @@ def install(mr=None, *, device=None) -> TorchAllocator:
         raise ImportError(
             f"rmm_fences.allocators.torch.install() needs PyTorch (import torch failed: {e})"
         ) from e
-    if _INSTALLED is not None or _native().is_installed():
-        raise RuntimeError(
-            f"rmm_fences.allocators.torch.install() already ran in this process ({_INSTALLED!r});"
-            " PyTorch's allocator can be swapped only once"
+    with _ROUTE_LOCK:
+        if _INSTALLED is not None or _native().is_installed():
+            raise RuntimeError(
+                "rmm_fences.allocators.torch.install() already ran in this process "
+                f"({_INSTALLED!r}); PyTorch's allocator can be swapped only once"
+            )
+        if _POOL_ROUTE is not None or _native().is_pool_installed():
+            raise RuntimeError(
+                "rmm_fences.allocators.torch.install() cannot run after mem_pool() in the same "
+                "process: a MemPool needs PyTorch's own allocator as the global one, and creating "
+                "it initialized that allocator, which PyTorch cannot swap afterwards"
+            )
+        if torch.cuda.is_initialized():
+            raise RuntimeError(
+                "rmm_fences.allocators.torch.install() must run before PyTorch's first CUDA "
+                "allocation: PyTorch's CUDA is already initialized, and PyTorch cannot swap its "
+                "allocator afterwards (nor back to its own)"
+            )
+        resource, device = _resolve_resource(mr, device)
+        native = _native()
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(
+            native.__file__, native.ALLOC_FN, native.FREE_FN
         )
-    if _POOL_ROUTE is not None or _native().is_pool_installed():
-        raise RuntimeError(
-            "rmm_fences.allocators.torch.install() cannot run after mem_pool() in the same "
-            "process: a MemPool needs PyTorch's own allocator as the global one, and creating it "
-            "initialized that allocator, which PyTorch cannot swap afterwards"
-        )
-    if torch.cuda.is_initialized():
-        raise RuntimeError(
-            "rmm_fences.allocators.torch.install() must run before PyTorch's first CUDA "
-            "allocation: PyTorch's CUDA is already initialized, and PyTorch cannot swap its "
-            "allocator afterwards (nor back to its own)"
-        )
-    resource, device = _resolve_resource(mr, device)
-    native = _native()
-    pluggable = torch.cuda.memory.CUDAPluggableAllocator(
-        native.__file__, native.ALLOC_FN, native.FREE_FN
-    )
-    pluggable._allocator.set_record_stream_fn(native.entry_points()["record_stream"])
-    torch.cuda.memory.change_current_allocator(pluggable)
-    native.install_core(resource, -1 if device is None else device)
-    _INSTALLED = TorchAllocator(resource, device, pluggable)
-    return _INSTALLED
+        pluggable._allocator.set_record_stream_fn(native.entry_points()["record_stream"])
+        torch.cuda.memory.change_current_allocator(pluggable)
+        native.install_core(resource, -1 if device is None else device)
+        _INSTALLED = TorchAllocator(resource, device, pluggable)
+        return _INSTALLED
 
 
 def installed() -> TorchAllocator | None:
@@ -354,7 +357,6 @@ def mem_pool(mr=None, *, device=None):
     TypeError
         ``mr`` is none of the above.
     """
-    global _POOL_ROUTE
     try:
         import torch
         import torch.cuda.memory
@@ -375,9 +377,16 @@ def mem_pool(mr=None, *, device=None):
             f"process ({_INSTALLED!r}): a MemPool needs PyTorch's own allocator as the global one, "
             "and install() replaced it for good"
         )
+    _check_mr(mr)
+    with _ROUTE_LOCK:
+        return _make_mem_pool(torch, native, mr, device)
+
+
+def _make_mem_pool(torch, native, mr, device):
+    """:func:`mem_pool` past its checks (under ``_ROUTE_LOCK``)."""
+    global _POOL_ROUTE
     route = _POOL_ROUTE
     if route is None:
-        _check_mr(mr)
         if mr is None:
             resource, pool_device = None, None if device is None else int(device)
         else:
@@ -386,7 +395,6 @@ def mem_pool(mr=None, *, device=None):
             native.__file__, native.POOL_ALLOC_FN, native.POOL_FREE_FN
         )
     else:
-        _check_mr(mr)
         if not _same_resource(route, mr, device):
             raise RuntimeError(
                 "rmm_fences.allocators.torch.mem_pool() serves one resource per process, and an "
