@@ -210,26 +210,28 @@ inline void install_pool(std::optional<rmm::device_async_resource_ref> mr, int d
 [[nodiscard]] inline bool is_pool_installed() noexcept
 { return pool_installed().load() != nullptr; }
 
+/// The installation in `slot`; std::logic_error with `missing` when there is none.
+inline installation& installed_in(std::atomic<installation*>& slot, char const* missing)
+{
+  auto* i = slot.load();
+  if (i == nullptr) { throw std::logic_error(missing); }
+  return *i;
+}
+
 inline installation& current()
 {
-  auto* i = installed().load();
-  if (i == nullptr) {
-    throw std::logic_error(
-      "rmm_fences torch allocator: PyTorch asked for memory but no resource is installed; call "
-      "rmm_fences.allocators.torch.install() before the first CUDA allocation");
-  }
-  return *i;
+  return installed_in(
+    installed(),
+    "rmm_fences torch allocator: PyTorch asked for memory but no resource is installed; call "
+    "rmm_fences.allocators.torch.install() before the first CUDA allocation");
 }
 
 inline installation& current_pool()
 {
-  auto* i = pool_installed().load();
-  if (i == nullptr) {
-    throw std::logic_error(
-      "rmm_fences torch allocator: a MemPool asked for memory but no pool core is installed "
-      "(rmm_fences.allocators.torch.mem_pool() installs it)");
-  }
-  return *i;
+  return installed_in(
+    pool_installed(),
+    "rmm_fences torch allocator: a MemPool asked for memory but no pool core is installed "
+    "(rmm_fences.allocators.torch.mem_pool() installs it)");
 }
 
 /// Throws unless `inst` serves `device`.

@@ -98,41 +98,34 @@ def is_installed() -> bool:
     return c_is_installed()
 
 
-def _check_installed():
-    if not c_is_installed():
+def _check(cbool installed, str core, str installer):
+    if not installed:
         raise RuntimeError(
-            "no rmm_fences torch allocator core is installed in this process "
-            "(rmm_fences.allocators.torch.install() installs one)")
+            f"no rmm_fences torch {core} is installed in this process "
+            f"(rmm_fences.allocators.torch.{installer}() installs one)")
 
 
 def stats() -> dict:
     """The installed core's counters (RuntimeError when none is installed)."""
-    _check_installed()
+    _check(c_is_installed(), "allocator core", "install")
     return c_stats()
 
 
 def reset_peak() -> None:
     """Restart the installed core's peaks from the current values."""
-    _check_installed()
+    _check(c_is_installed(), "allocator core", "install")
     c_reset_peak()
-
-
-def _check_pool_installed():
-    if not c_is_pool_installed():
-        raise RuntimeError(
-            "no rmm_fences torch pool core is installed in this process "
-            "(rmm_fences.allocators.torch.mem_pool() installs one)")
 
 
 def pool_stats() -> dict:
     """The pool core's counters (RuntimeError when none is installed)."""
-    _check_pool_installed()
+    _check(c_is_pool_installed(), "pool core", "mem_pool")
     return c_pool_stats()
 
 
 def reset_pool_peak() -> None:
     """Restart the pool core's peaks from the current values."""
-    _check_pool_installed()
+    _check(c_is_pool_installed(), "pool core", "mem_pool")
     c_reset_pool_peak()
 
 
