@@ -135,11 +135,17 @@ def test_the_torch_stub_lists_the_module_functions_and_counters():
         if _public(name) and callable(obj) and getattr(obj, "__module__", None) == _torch.__name__
     }
     assert functions == module_functions
-    assert names == {"ALLOC_FN", "FREE_FN", "RECORD_STREAM_FN"}
+    assert names == {"ALLOC_FN", "FREE_FN", "RECORD_STREAM_FN", "POOL_ALLOC_FN", "POOL_FREE_FN"}
     counters = {
         n.name: [i.target.id for i in n.body if isinstance(i, ast.AnnAssign)]
         for n in stub.body
         if isinstance(n, ast.ClassDef)
     }
     assert counters["TorchAllocatorStats"] == _pxd_structs()["torch_allocator_stats"]
-    assert counters["EntryPoints"] == ["alloc", "free", "record_stream"]
+    assert counters["EntryPoints"] == [
+        "alloc",
+        "free",
+        "record_stream",
+        "pool_alloc",
+        "pool_free",
+    ]

@@ -208,6 +208,23 @@ def test_out_of_memory_is_counted_rethrown_and_leaves_nothing_live():
     assert h.stats["num_ooms"] == 1
 
 
+def test_try_allocate_gives_null_on_out_of_memory_counts_it_and_leaves_nothing_live():
+    """The MemPool route: PyTorch's native allocator takes nullptr as out of memory."""
+    h = HostTorchAllocator(upstream_limit=4096)
+    p = h.try_allocate(4000, ALLOC_STREAM)
+    assert p and h.events == [("alloc", p, ALLOC_STREAM, 4000)]
+    assert h.try_allocate(200, ALLOC_STREAM) == 0
+    s = h.stats
+    assert s["num_ooms"] == 1
+    assert (s["allocations"], s["current_allocations"], s["current_bytes"]) == (1, 1, 4000)
+    assert h.live_count == 1 and h.upstream_used == 4000
+    h.deallocate(p, 4000, ALLOC_STREAM)
+    q = h.try_allocate(200, ALLOC_STREAM)  # room again
+    assert q and h.live_count == 1
+    h.deallocate(q, 200, ALLOC_STREAM)
+    assert h.upstream_used == 0 and h.stats["num_ooms"] == 1
+
+
 def test_a_zero_byte_request_goes_to_the_upstream_as_is():
     h = HostTorchAllocator()
     p = h.allocate(0, ALLOC_STREAM)

@@ -7,14 +7,21 @@ for good, in rmm_fences as in PyTorch).
     python tests/torch_child.py install-none       install() (rmm's resource of each device)
     python tests/torch_child.py install-pool       install(SyncOnFree(pool(cuda)), device=0)
     python tests/torch_child.py no-torch-import    import rmm_fences and the module only
+    python tests/torch_child.py mem-pool-resource VERSION   mem_pool(CudaMemoryResource(), device=0)
+                                                   and what may follow it, under torch VERSION
+    python tests/torch_child.py mem-pool-none      mem_pool() (rmm's resource of each device)
+    python tests/torch_child.py mem-pool-spec      mem_pool("cuda", device=0), then other specs
+    python tests/torch_child.py install-then-mem-pool   install(), then mem_pool()
 
 The last line printed is a JSON object of what the scenario saw. No GPU is needed: the fake
 ``CUDAPluggableAllocator`` does what PyTorch 2.11's does (``ctypes.CDLL`` of the path, the
-addresses of the two symbols) and records the calls; nothing allocates.
+addresses of the two symbols) and records the calls; its ``MemPool`` records the allocator
+object it was given and the device current at its construction; nothing allocates.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import sys
@@ -34,15 +41,38 @@ class FakeRawAllocator:
         self.record_stream_fn = address
 
 
-def fake_torch(*, initialized=False):
+def fake_torch(*, initialized=False, version="2.11.0+cu130"):
     """{name: module} of a fake ``torch``, ``torch.cuda`` and ``torch.cuda.memory``;
-    ``torch.calls`` lists ``change_current_allocator``'s arguments."""
+    ``torch.calls`` lists ``change_current_allocator``'s arguments, ``torch.pools`` the
+    ``MemPool`` objects made."""
     torch = types.ModuleType("torch")
     cuda = types.ModuleType("torch.cuda")
     memory = types.ModuleType("torch.cuda.memory")
     torch.cuda, cuda.memory = cuda, memory
+    torch.__version__ = version
     torch.calls = []
+    torch.pools = []
     cuda.is_initialized = lambda: initialized
+    current = {"device": None}  # None: no torch.cuda.device context
+
+    @contextlib.contextmanager
+    def device(index):
+        before, current["device"] = current["device"], index
+        try:
+            yield
+        finally:
+            current["device"] = before
+
+    class MemPool:
+        def __init__(self, allocator=None, use_on_oom=False, no_split=False):
+            if torch.calls:
+                raise RuntimeError("MemPool needs PyTorch's native allocator")
+            self.allocator, self.device = allocator, current["device"]
+            self.id = (len(torch.pools) + 1, 0)
+            torch.pools.append(self)
+
+    cuda.device = device
+    cuda.MemPool = memory.MemPool = MemPool
 
     class CUDAPluggableAllocator:
         def __init__(self, path_to_so_file, alloc_fn_name, free_fn_name):
@@ -97,17 +127,83 @@ def _install(make_mr, **kwargs) -> dict:
         "free_ok": raw.free_fn == address[_torch.FREE_FN],
         "record_stream_ok": raw.record_stream_fn == address[_torch.RECORD_STREAM_FN],
         "record_stream_fn": raw.record_stream_fn,
-        "entry_points_match": _torch.entry_points()
-        == {
-            "alloc": address[_torch.ALLOC_FN],
-            "free": address[_torch.FREE_FN],
-            "record_stream": address[_torch.RECORD_STREAM_FN],
-        },
+        "entry_points_match": _torch.entry_points() == _addresses(_torch),
         "second_install": second,
         "resource": type(allocator.resource).__name__,
         "device": allocator.device,
         "stats": stats,
         "module_stats_same": rt.memory_stats() == allocator.memory_stats(),
+    }
+
+
+def _addresses(_torch) -> dict:
+    """``_torch.entry_points()`` as ``ctypes.CDLL`` of the module finds them."""
+    lib = ctypes.CDLL(_torch.__file__)
+    names = {
+        "alloc": _torch.ALLOC_FN,
+        "free": _torch.FREE_FN,
+        "record_stream": _torch.RECORD_STREAM_FN,
+        "pool_alloc": _torch.POOL_ALLOC_FN,
+        "pool_free": _torch.POOL_FREE_FN,
+    }
+    return {k: ctypes.cast(getattr(lib, v), ctypes.c_void_p).value for k, v in names.items()}
+
+
+def _error(call) -> str | None:
+    """The message of the RuntimeError ``call()`` raises, or None."""
+    try:
+        call()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def _mem_pool(make_mr, version="2.11.0+cu130", **kwargs) -> dict:
+    """``mem_pool(make_mr(rmm), **kwargs)``, then the calls that may follow it."""
+    modules = fake_torch(version=version)
+    sys.modules.update(modules)
+    torch = modules["torch"]
+    import rmm
+
+    import rmm_fences.allocators.torch as rt
+    from rmm_fences._lib import _torch
+
+    before = _torch.is_pool_installed()
+    stats_before = _error(rt.mem_pool_stats)
+    mr = make_mr(rmm)
+    pool = rt.mem_pool(mr, **kwargs)
+    route = rt._POOL_ROUTE
+    address = _addresses(_torch)
+    raw = pool.allocator
+    again = rt.mem_pool()  # a new MemPool over the same core
+    stats = rt.mem_pool_stats()
+    rt.reset_mem_pool_peak()
+    return {
+        "before": before,
+        "stats_before": stats_before,
+        "after": _torch.is_pool_installed(),
+        "pools": len(torch.pools),
+        "change_calls": len(torch.calls),
+        "pool_is_mem_pool": isinstance(pool, torch.cuda.MemPool),
+        "allocator_is_pluggables": raw is route.pluggable._allocator,
+        "again_same_allocator": again.allocator is raw and again is not pool,
+        "pluggable_args": list(route.pluggable.args),
+        "module_file": _torch.__file__,
+        "alloc_ok": raw.alloc_fn == address["pool_alloc"],
+        "free_ok": raw.free_fn == address["pool_free"],
+        "record_stream_fn": raw.record_stream_fn,
+        "entry_points_match": _torch.entry_points() == address,
+        "route": [type(route.resource).__name__, route.device],
+        "same_object": _error(lambda: rt.mem_pool(mr, **kwargs)),
+        "other_resource": _error(lambda: rt.mem_pool(rmm.mr.CudaMemoryResource(), device=0)),
+        "other_spec": _error(lambda: rt.mem_pool("pool(cuda)", device=0)),
+        "other_device": _error(lambda: rt.mem_pool(device=1)),
+        "install": _error(rt.install),
+        "install_core": _error(lambda: _torch.install_pool_core(None, -1)),
+        "core_installed": _torch.is_installed(),
+        "stats": stats,
+        "pools_at_end": len(torch.pools),
+        "devices": [p.device for p in torch.pools],
     }
 
 
@@ -126,6 +222,28 @@ def main(argv) -> int:
             ),
             device=0,
         )
+    elif scenario == "mem-pool-resource":
+        out = _mem_pool(lambda rmm: rmm.mr.CudaMemoryResource(), version=argv[2], device=0)
+    elif scenario == "mem-pool-none":
+        out = _mem_pool(lambda rmm: None)
+    elif scenario == "mem-pool-spec":
+        import rmm_fences._cuda
+
+        # no GPU here: build the spec without making device 0 current
+        rmm_fences._cuda.on_device = lambda device: contextlib.nullcontext()
+        out = _mem_pool(lambda rmm: "cuda", device=0)
+    elif scenario == "install-then-mem-pool":
+        modules = fake_torch()
+        sys.modules.update(modules)
+        import rmm_fences.allocators.torch as rt
+        from rmm_fences._lib import _torch
+
+        rt.install()
+        out = {
+            "mem_pool": _error(rt.mem_pool),
+            "pools": len(modules["torch"].pools),
+            "pool_core": _torch.is_pool_installed(),
+        }
     elif scenario == "no-torch-import":
         import rmm_fences
         import rmm_fences.allocators

@@ -4,8 +4,9 @@
 #pragma once
 
 // The CUDA side of rmm_fences.allocators.torch (the _torch extension): the platform and upstream
-// of `torch_allocator_core`, one process-global core, and the C entry points PyTorch's
-// CUDAPluggableAllocator calls. Not a public header, and not installed with the package.
+// of `torch_allocator_core`, two process-global cores (install()'s, and mem_pool()'s "pool
+// core"), and the C entry points PyTorch's CUDAPluggableAllocator calls. Not a public header,
+// and not installed with the package.
 //
 // Include it in one translation unit only: it defines the extern "C" entry points.
 
@@ -161,75 +162,93 @@ struct installation {
   int device;
 };
 
-/// The process-global installation; never destroyed (PyTorch may free tensors at teardown).
+/// The process-global installation of install(); never destroyed (PyTorch may free tensors at
+/// teardown).
 inline std::atomic<installation*>& installed() noexcept
 {
   static std::atomic<installation*> instance{nullptr};
   return instance;
 }
 
+/// The process-global installation of mem_pool() (the pool core, a second core over its own
+/// resource); never destroyed either (a MemPool may release its segments at teardown).
+inline std::atomic<installation*>& pool_installed() noexcept
+{
+  static std::atomic<installation*> instance{nullptr};
+  return instance;
+}
+
 /**
- * @brief Installs the process-global core over `mr` (serving `device` only) or, when `mr` is
- * empty, over rmm's resource of each device (`device` is then ignored). Once per process: the
- * caller keeps `mr`'s resource alive for the rest of the process.
+ * @brief Installs a process-global core in `slot` over `mr` (serving `device` only) or, when
+ * `mr` is empty, over rmm's resource of each device (`device` is then ignored). Once per slot
+ * and process: the caller keeps `mr`'s resource alive for the rest of the process.
  */
-inline void install(std::optional<rmm::device_async_resource_ref> mr, int device)
+inline void install_in(std::atomic<installation*>& slot,
+                       std::optional<rmm::device_async_resource_ref> mr,
+                       int device,
+                       char const* already)
 {
   auto owned             = std::make_unique<installation>(mr, mr.has_value() ? device : -1);
   installation* expected = nullptr;
-  if (!installed().compare_exchange_strong(expected, owned.get())) {
-    throw std::logic_error("rmm_fences torch allocator: a core is already installed");
-  }
+  if (!slot.compare_exchange_strong(expected, owned.get())) { throw std::logic_error(already); }
   (void)owned.release();  // leaked on purpose: lives until the process exits
+}
+
+/// install()'s core.
+inline void install(std::optional<rmm::device_async_resource_ref> mr, int device)
+{ install_in(installed(), mr, device, "rmm_fences torch allocator: a core is already installed"); }
+
+/// mem_pool()'s core (the pool core).
+inline void install_pool(std::optional<rmm::device_async_resource_ref> mr, int device)
+{
+  install_in(
+    pool_installed(), mr, device, "rmm_fences torch allocator: a pool core is already installed");
 }
 
 [[nodiscard]] inline bool is_installed() noexcept { return installed().load() != nullptr; }
 
-inline installation& current()
+[[nodiscard]] inline bool is_pool_installed() noexcept
+{ return pool_installed().load() != nullptr; }
+
+/// The installation in `slot`; std::logic_error with `missing` when there is none.
+inline installation& installed_in(std::atomic<installation*>& slot, char const* missing)
 {
-  auto* i = installed().load();
-  if (i == nullptr) {
-    throw std::logic_error(
-      "rmm_fences torch allocator: PyTorch asked for memory but no resource is installed; call "
-      "rmm_fences.allocators.torch.install() before the first CUDA allocation");
-  }
+  auto* i = slot.load();
+  if (i == nullptr) { throw std::logic_error(missing); }
   return *i;
 }
 
-inline rmm_fences::mr::torch_allocator_stats stats() { return current().core.stats(); }
-
-inline void reset_peak() { current().core.reset_peak(); }
-
-}  // namespace rmm_fences::torch
-
-// The entry points PyTorch calls (CUDAPluggableAllocator, set_record_stream_fn), found by
-// ctypes.CDLL on this extension module. The stream is a cudaStream_t passed as void* (the ABI
-// of PyTorch's CUstream_st*, as rmm's _torch_allocator.cpp declares it).
-#define RMM_FENCES_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
-
-/// `void* alloc(size_t size, int device, cudaStream_t stream)`; throws on failure (PyTorch
-/// raises RuntimeError), std::logic_error when nothing is installed.
-RMM_FENCES_TORCH_EXPORT void* rmm_fences_torch_alloc(std::size_t size, int device, void* stream)
+inline installation& current()
 {
-  auto& inst = rmm_fences::torch::current();
-  if (inst.device >= 0 && device != inst.device) {
-    throw std::invalid_argument("rmm_fences torch allocator: installed for device " +
-                                std::to_string(inst.device) + ", asked for memory of device " +
-                                std::to_string(device) +
-                                "; install(mr=None) serves every device from rmm's resource");
-  }
-  rmm::cuda_set_device_raii with_device{rmm::cuda_device_id{device}};
-  return inst.core.allocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, size);
+  return installed_in(
+    installed(),
+    "rmm_fences torch allocator: PyTorch asked for memory but no resource is installed; call "
+    "rmm_fences.allocators.torch.install() before the first CUDA allocation");
 }
 
-/// `void free(void* ptr, size_t size, int device, cudaStream_t stream)`: size, device and stream
-/// of the allocation. Never throws.
-RMM_FENCES_TORCH_EXPORT void rmm_fences_torch_free(void* ptr,
-                                                   std::size_t size,
-                                                   int device,
-                                                   void* stream)
+inline installation& current_pool()
 {
-  auto* inst = rmm_fences::torch::installed().load();
+  return installed_in(
+    pool_installed(),
+    "rmm_fences torch allocator: a MemPool asked for memory but no pool core is installed "
+    "(rmm_fences.allocators.torch.mem_pool() installs it)");
+}
+
+/// Throws unless `inst` serves `device`.
+inline void check_device(installation const& inst, int device)
+{
+  if (inst.device >= 0 && device != inst.device) {
+    throw std::invalid_argument("rmm_fences torch allocator: set up for device " +
+                                std::to_string(inst.device) + ", asked for memory of device " +
+                                std::to_string(device) +
+                                "; mr=None serves every device from rmm's resource");
+  }
+}
+
+/// `inst`'s free of a block PyTorch hands back on `device`; never throws.
+inline void free_block(
+  installation* inst, void* ptr, std::size_t size, int device, void* stream) noexcept
+{
   if (inst == nullptr) {
     std::fprintf(stderr,
                  "rmm_fences: torch allocator asked to free %p (%zu bytes) with no resource "
@@ -252,6 +271,81 @@ RMM_FENCES_TORCH_EXPORT void rmm_fences_torch_free(void* ptr,
   }
 }
 
+inline rmm_fences::mr::torch_allocator_stats stats() { return current().core.stats(); }
+
+inline void reset_peak() { current().core.reset_peak(); }
+
+inline rmm_fences::mr::torch_allocator_stats pool_stats() { return current_pool().core.stats(); }
+
+inline void reset_pool_peak() { current_pool().core.reset_peak(); }
+
+}  // namespace rmm_fences::torch
+
+// The entry points PyTorch calls (CUDAPluggableAllocator, set_record_stream_fn), found by
+// ctypes.CDLL on this extension module. The stream is a cudaStream_t passed as void* (the ABI
+// of PyTorch's CUstream_st*, as rmm's _torch_allocator.cpp declares it).
+#define RMM_FENCES_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
+
+/// `void* alloc(size_t size, int device, cudaStream_t stream)`; throws on failure (PyTorch
+/// raises RuntimeError), std::logic_error when nothing is installed.
+RMM_FENCES_TORCH_EXPORT void* rmm_fences_torch_alloc(std::size_t size, int device, void* stream)
+{
+  auto& inst = rmm_fences::torch::current();
+  rmm_fences::torch::check_device(inst, device);
+  rmm::cuda_set_device_raii with_device{rmm::cuda_device_id{device}};
+  return inst.core.allocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, size);
+}
+
+/// `void free(void* ptr, size_t size, int device, cudaStream_t stream)`: size, device and stream
+/// of the allocation. Never throws.
+RMM_FENCES_TORCH_EXPORT void rmm_fences_torch_free(void* ptr,
+                                                   std::size_t size,
+                                                   int device,
+                                                   void* stream)
+{ rmm_fences::torch::free_block(rmm_fences::torch::installed().load(), ptr, size, device, stream); }
+
+/// The MemPool route's `void* alloc(size_t size, int device, cudaStream_t stream)`, called by
+/// PyTorch's native caching allocator for a new segment of a MemPool (raw_alloc). Never
+/// throws: nullptr on out of memory (PyTorch frees its cache, retries, then raises
+/// torch.cuda.OutOfMemoryError), and nullptr plus one line on stderr on any other failure
+/// (PyTorch reports that as out of memory too).
+RMM_FENCES_TORCH_EXPORT void* rmm_fences_torch_pool_alloc(std::size_t size,
+                                                          int device,
+                                                          void* stream) noexcept
+{
+  try {
+    auto& inst = rmm_fences::torch::current_pool();
+    rmm_fences::torch::check_device(inst, device);
+    rmm::cuda_set_device_raii with_device{rmm::cuda_device_id{device}};
+    return inst.core.try_allocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, size);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr,
+                 "rmm_fences: torch mem_pool could not allocate %zu bytes on device %d: %s; "
+                 "PyTorch sees it as out of memory\n",
+                 size,
+                 device,
+                 e.what());
+  } catch (...) {
+    std::fprintf(stderr,
+                 "rmm_fences: torch mem_pool could not allocate %zu bytes on device %d (unknown "
+                 "exception); PyTorch sees it as out of memory\n",
+                 size,
+                 device);
+  }
+  return nullptr;
+}
+
+/// The MemPool route's `void free(void* ptr, size_t size, int device, cudaStream_t stream)`
+/// (raw_delete of a segment: size, device and stream of its allocation). Never throws.
+RMM_FENCES_TORCH_EXPORT void rmm_fences_torch_pool_free(void* ptr,
+                                                        std::size_t size,
+                                                        int device,
+                                                        void* stream) noexcept
+{
+  rmm_fences::torch::free_block(
+    rmm_fences::torch::pool_installed().load(), ptr, size, device, stream);
+}
+
 /// `void record_stream(void* ptr, cudaStream_t stream)` (Tensor.record_stream); `ptr` is what
 /// `rmm_fences_torch_alloc` returned. Ignored when nothing is installed.
 RMM_FENCES_TORCH_EXPORT void rmm_fences_torch_record_stream(void* ptr, void* stream)
@@ -269,4 +363,8 @@ inline std::uintptr_t free_address() noexcept
 { return reinterpret_cast<std::uintptr_t>(&rmm_fences_torch_free); }
 inline std::uintptr_t record_stream_address() noexcept
 { return reinterpret_cast<std::uintptr_t>(&rmm_fences_torch_record_stream); }
+inline std::uintptr_t pool_alloc_address() noexcept
+{ return reinterpret_cast<std::uintptr_t>(&rmm_fences_torch_pool_alloc); }
+inline std::uintptr_t pool_free_address() noexcept
+{ return reinterpret_cast<std::uintptr_t>(&rmm_fences_torch_pool_free); }
 }  // namespace rmm_fences::torch

@@ -867,6 +867,7 @@ cdef extern from "rmm_fences_testing/host_torch.hpp" namespace "rmm_fences::test
     cdef cppclass host_torch_allocator:
         host_torch_allocator(size_t) except +
         void* allocate(uintptr_t, size_t) except +MemoryError
+        void* try_allocate(uintptr_t, size_t) except +
         bool record_stream(void*, uintptr_t) except +
         void deallocate(void*, size_t, uintptr_t) except +
         torch_thread_result run_threads(int, int, uint64_t) nogil except +
@@ -902,6 +903,10 @@ cdef class HostTorchAllocator:
     def allocate(self, size_t nbytes, uintptr_t stream=1) -> int:
         """Raises MemoryError when the upstream's limit is reached (its out_of_memory)."""
         return <uintptr_t>deref(self.c_obj).allocate(stream, nbytes)
+
+    def try_allocate(self, size_t nbytes, uintptr_t stream=1) -> int:
+        """The MemPool route's allocation: 0 when the upstream's limit is reached."""
+        return <uintptr_t>deref(self.c_obj).try_allocate(stream, nbytes)
 
     def record_stream(self, uintptr_t ptr, uintptr_t stream) -> bool:
         """``Tensor.record_stream``; returns whether ``ptr`` is a live block."""

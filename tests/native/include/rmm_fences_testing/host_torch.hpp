@@ -287,6 +287,9 @@ class host_torch_allocator {
 
   void* allocate(std::uintptr_t stream, std::size_t bytes) { return core_.allocate(stream, bytes); }
 
+  void* try_allocate(std::uintptr_t stream, std::size_t bytes)
+  { return core_.try_allocate(stream, bytes); }
+
   /// `record_stream`, and the harness notes that `stream` uses the block (when it is live).
   bool record_stream(void* ptr, std::uintptr_t stream)
   {

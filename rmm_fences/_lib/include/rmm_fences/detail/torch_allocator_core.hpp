@@ -107,6 +107,23 @@ class torch_allocator_core {
   }
 
   /**
+   * @brief `allocate`, but the upstream's out-of-memory gives nullptr (still counted in
+   * `num_ooms`) instead of an exception; any other exception propagates.
+   *
+   * For PyTorch's native caching allocator over a MemPool (`torch.cuda.MemPool`), which takes
+   * nullptr as out of memory: it then frees its cached segments, retries, and raises
+   * `torch.cuda.OutOfMemoryError`.
+   */
+  [[nodiscard]] void* try_allocate(stream_type stream, std::size_t bytes)
+  {
+    try {
+      return allocate(stream, bytes);
+    } catch (typename Platform::out_of_memory const&) {
+      return nullptr;
+    }
+  }
+
+  /**
    * @brief `stream` uses the block at `ptr` (exactly what `allocate` returned) too.
    *
    * The allocation stream itself, or a stream already recorded, adds nothing. A pointer that is
