@@ -87,3 +87,19 @@ def test_training_steps_match_pytorchs_allocator(model, batch, allocator):
     assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"]
     if allocator == "fences_tracker":
         assert got["hazards"] == []  # one stream: no cross-stream use to report
+
+
+def test_mem_pool_routes_the_context_and_switches_back():
+    out = workloads.run(["mempool", "route"])
+    print(f"\nmem_pool route: {out}")
+    assert out["ok"] and out["backend"] == "native"  # PyTorch's own allocator stays global
+    assert out["segments_inside"] >= 1  # x and the product took segments from the pool
+    assert out["segments_after"] == out["segments_inside"]  # outside: PyTorch's own pool
+    assert out["torch_allocated"] >= out["outside_bytes"]  # torch.cuda.memory_stats() works
+
+
+def test_mem_pool_captures_and_replays_one_step():
+    out = workloads.run(["mempool", "graph"])
+    print(f"\nmem_pool graph: {out}")
+    assert out["ok"], out["replays"]
+    assert out["segments"] >= 1

@@ -5,6 +5,7 @@ allocator once, before its first CUDA allocation, and cannot switch back).
     python asv_bench/benchmarks/_torch_workloads.py train ALLOCATOR MODEL [--steps N] [--batch B]
     python asv_bench/benchmarks/_torch_workloads.py hazard ALLOCATOR PATTERN [--trials N]
     python asv_bench/benchmarks/_torch_workloads.py switch CASE
+    python asv_bench/benchmarks/_torch_workloads.py mempool CASE
 
 The last line printed is a JSON object. Used by the asv training benchmarks
 (torch_training.py), by tests/test_torch_gpu.py and by tools/torch_hazards.py. No downloads:
@@ -345,6 +346,68 @@ def switch(case: str) -> dict:
     }
 
 
+def mempool(case: str, seed: int = 0) -> dict:
+    """The MemPool route (``rmm_fences.allocators.torch.mem_pool`` over rmm_fences' pool):
+    ``route``: tensors made inside ``torch.cuda.use_mem_pool`` take segments from the pool,
+    the results match float64, PyTorch's ``memory_stats()`` keeps working, and after the context
+    allocations go to PyTorch's own pool again (the pool's segment count does not move);
+    ``graph``: one step captured with ``torch.cuda.graph(..., pool=pool.id)`` and replayed."""
+    import numpy as np
+    import torch
+
+    from rmm_fences.allocators import torch as fences_torch
+
+    if case not in ("route", "graph"):
+        raise ValueError(f"case must be route or graph, got {case!r}")
+    pool = fences_torch.mem_pool(FENCES_SPECS["fences_pool"])
+    rng = np.random.default_rng(seed)
+    host = rng.standard_normal((1024, 1024))
+    ref = float((host @ host).sum())
+    out = {"case": case, "backend": torch.cuda.get_allocator_backend()}
+    if case == "route":
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.from_numpy(host).cuda()
+            got = float((x @ x).sum())
+        inside = fences_torch.mem_pool_stats()
+        y = torch.ones(1 << 24, device="cuda")  # 64 MiB outside the context
+        torch.cuda.synchronize()
+        after = fences_torch.mem_pool_stats()
+        out.update(
+            ok=abs(got - ref) <= 1e-9 * max(1.0, abs(ref)),
+            segments_inside=inside["segment.all.current"],
+            segments_after=after["segment.all.current"],
+            torch_allocated=torch.cuda.memory_stats()["allocated_bytes.all.current"],
+            outside_bytes=int(y.numel() * 4),
+        )
+    else:
+        x = torch.from_numpy(host).cuda()
+        static_out = torch.empty((), dtype=torch.float64, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the capture, as PyTorch asks
+            static_out.copy_((x @ x).sum())
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool.id):
+            static_out.copy_((x @ x).sum())
+        results = []
+        for k in range(3):
+            x.mul_(1.0 if k == 0 else 2.0)
+            g.replay()
+            torch.cuda.synchronize()
+            results.append(float(static_out))
+        scale = [1.0, 4.0, 16.0]
+        out.update(
+            ok=all(
+                abs(r - ref * c) <= 1e-9 * max(1.0, abs(ref * c)) for r, c in zip(results, scale)
+            ),
+            replays=results,
+            segments=fences_torch.mem_pool_stats()["segment.all.current"],
+        )
+    out["stats"] = fences_torch.mem_pool_stats()
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -360,12 +423,16 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=20)
     p = sub.add_parser("switch")
     p.add_argument("case", choices=("after_init", "twice", "first"))
+    p = sub.add_parser("mempool")
+    p.add_argument("case", choices=("route", "graph"))
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     if args.command == "train":
         out = train(args.allocator, args.model, args.steps, args.batch, args.warmup)
     elif args.command == "hazard":
         out = hazard(args.allocator, args.pattern, args.trials)
+    elif args.command == "mempool":
+        out = mempool(args.case)
     else:
         out = switch(args.case)
     out["wall_s"] = round(time.perf_counter() - t0, 3)
