@@ -8,10 +8,12 @@ from typing import Any
 
 import rmm  # noqa: F401
 
+from rmm_fences._alloc_log import Trace, read_allocation_log, write_allocation_log
 from rmm_fences._lib._bench import (
     alloc_free_ns,
     fence_call_ns,
     random_allocations,
+    replay,
     threaded_alloc_free,
     threaded_stream_queries,
 )
@@ -19,15 +21,19 @@ from rmm_fences._lib._bench import stress as _native_stress
 
 __all__ = [
     "STRESS_KERNELS",
+    "Trace",
     "alloc_free_ns",
     "cub_temp_loop",
     "cub_temp_loop_us",
     "event_time_us",
     "fence_call_ns",
     "random_allocations",
+    "read_allocation_log",
+    "replay",
     "stress",
     "threaded_alloc_free",
     "threaded_stream_queries",
+    "write_allocation_log",
 ]
 
 #: The fill and check kernels of :func:`stress` (CUDA C++, compiled with NVRTC through CuPy).

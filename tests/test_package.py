@@ -58,6 +58,7 @@ def test_typed_stubs_are_installed():
         "def threaded_alloc_free",
         "def threaded_stream_queries",
         "def stress",
+        "def replay",
     ):
         assert name in bench_stub
         assert name not in stub
@@ -77,6 +78,7 @@ def test_the_resources_module_holds_no_benchmark_loop():
         "stress",
         "threaded_alloc_free",
         "threaded_stream_queries",
+        "replay",
     ):
         assert not hasattr(memory_resource, name)
         assert callable(getattr(_bench, name))
@@ -186,7 +188,7 @@ def test_the_installed_package_holds_no_test_or_benchmark_source():
     pkg = pathlib.Path(rmm_fences.__file__).parent
     files = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
     assert not [f for f in files if "_testing" in f or "/testing/" in f or "vmm_child" in f]
-    assert not [f for f in files if f.endswith(("bench.hpp", "_torch.hpp"))]
+    assert not [f for f in files if f.endswith(("bench.hpp", "_replay.hpp", "_torch.hpp"))]
     headers = sorted(f for f in files if f.endswith(".hpp"))
     assert headers and all(f.startswith("_lib/include/rmm_fences/") for f in headers)
 

@@ -6,6 +6,8 @@
 // The native loops of rmm_fences.bench (the _bench extension): not a public header, and not
 // installed with the package.
 
+#include "_replay.hpp"
+
 #include <rmm_fences/detail/driver_api.hpp>
 
 #include <rmm/aligned.hpp>
@@ -176,27 +178,15 @@ inline double random_allocations_ops(rmm::device_async_resource_ref mr,
 template <typename WarmUp, typename Body>
 double timed_threads(std::vector<cudaStream_t> const& streams, WarmUp warm_up, Body body)
 {
-  std::atomic<std::size_t> ready{0};
-  std::atomic<bool> go{false};
-  std::vector<std::thread> threads;
   int device = 0;
   RMM_CUDA_TRY(cudaGetDevice(&device));
-  for (auto handle : streams) {
-    threads.emplace_back([&, handle] {
+  return start_together(
+    streams.size(),
+    [&](std::size_t i) {
       (void)cudaSetDevice(device);
-      warm_up(handle);
-      ready.fetch_add(1);
-      while (!go.load()) {}
-      body(handle);
-    });
-  }
-  while (ready.load() < streams.size()) {}
-  auto const start = std::chrono::steady_clock::now();
-  go.store(true);
-  for (auto& t : threads) {
-    t.join();
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      warm_up(streams[i]);
+    },
+    [&](std::size_t i) { body(streams[i]); });
 }
 
 /**
@@ -508,6 +498,59 @@ inline stress_stats stress(rmm::device_async_resource_ref mr,
                       oom.load(),
                       checks.load(),
                       elapsed};
+}
+
+/// An rmm resource as the replay engine (_replay.hpp) calls it.
+struct replay_resource {
+  rmm::device_async_resource_ref mr;
+  void* allocate(cuda::stream_ref stream, std::size_t bytes)
+  { return mr.allocate(stream, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes) noexcept
+  { mr.deallocate(stream, ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+};
+
+/**
+ * @brief Replays `t` on `mr` (replay::run), `repeat` times, on the caller's device.
+ *
+ * Recorded stream `s` is `streams[s]` when `streams` is not empty. Otherwise one non-blocking
+ * stream is created per recorded stream, except the handles 0, 1 and 2 in `recorded` (the
+ * legacy default stream, cudaStreamLegacy, cudaStreamPerThread), which stay themselves; the
+ * created streams are synchronized and destroyed before this returns.
+ */
+inline replay::result replay_trace(rmm::device_async_resource_ref mr,
+                                   replay::trace const& t,
+                                   std::vector<cudaStream_t> streams,
+                                   std::vector<std::uintptr_t> const& recorded,
+                                   std::uint64_t repeat)
+{
+  std::vector<cudaStream_t> created;
+  struct destroy_created {
+    std::vector<cudaStream_t>& created;
+    ~destroy_created()
+    {
+      for (auto s : created) {
+        (void)cudaStreamSynchronize(s);
+        (void)cudaStreamDestroy(s);
+      }
+    }
+  } guard{created};
+  if (streams.empty()) {
+    for (auto handle : recorded) {
+      if (handle <= 2) {
+        streams.push_back(reinterpret_cast<cudaStream_t>(handle));
+        continue;
+      }
+      cudaStream_t s{};
+      RMM_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      created.push_back(s);
+      streams.push_back(s);
+    }
+  }
+  std::vector<cuda::stream_ref> refs(streams.begin(), streams.end());
+  int device = 0;
+  RMM_CUDA_TRY(cudaGetDevice(&device));
+  replay_resource resource{mr};
+  return replay::run(resource, t, refs, repeat, [device] { (void)cudaSetDevice(device); });
 }
 
 }  // namespace rmm_fences::bench

@@ -3,6 +3,8 @@ from typing import Any, TypedDict
 
 from rmm.pylibrmm.memory_resource import DeviceMemoryResource
 
+from rmm_fences._alloc_log import Trace
+
 def alloc_free_ns(
     mr: DeviceMemoryResource,
     nbytes: int | str,
@@ -51,3 +53,17 @@ def stress(
     check_delay_ns: int = 20000,
 ) -> StressStats: ...
 def threaded_stream_queries(query: str, iterations: int, streams: list[Any]) -> float: ...
+
+class ReplayStats(TypedDict):
+    seconds: float
+    allocations_per_s: float
+    allocations: int
+    frees: int
+    errors: int
+    skipped_frees: int
+    leftovers: int
+    peak_live_bytes: int
+
+def replay(
+    mr: DeviceMemoryResource, trace: Trace, *, streams: list[Any] | None = None, repeat: int = 1
+) -> ReplayStats: ...

@@ -6,7 +6,7 @@ The native half of :mod:`rmm_fences.bench`, kept out of the resources module.
 """
 
 from libc.stddef cimport size_t
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings.cyruntime cimport cudaStream_t
 
@@ -72,6 +72,26 @@ cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
         device_async_resource_ref mr, const vector[cudaStream_t]& streams, double seconds,
         CUfunction fill, CUfunction check, unsigned long long* errors, size_t max_bytes,
         size_t max_live, uint64_t random_state, unsigned long long check_delay_ns) except +
+
+    cdef cppclass replay_trace_t "rmm_fences::bench::replay::trace":
+        pass
+
+    cdef struct replay_result "rmm_fences::bench::replay::result":
+        double seconds
+        uint64_t allocations
+        uint64_t frees
+        uint64_t errors
+        uint64_t skipped_frees
+        uint64_t leftovers
+        uint64_t peak_live_bytes
+
+    replay_trace_t c_make_trace "rmm_fences::bench::replay::make_trace"(
+        size_t events, const uint32_t* thread, const uint8_t* is_free, const uint64_t* id,
+        const uint64_t* size, const uint32_t* stream, size_t threads, size_t streams) except +
+
+    replay_result c_replay_trace "rmm_fences::bench::replay_trace"(
+        device_async_resource_ref mr, const replay_trace_t& trace, vector[cudaStream_t] streams,
+        const vector[uintptr_t]& recorded, uint64_t repeat) except +
 
 
 def alloc_free_ns(DeviceMemoryResource mr not None, nbytes, size_t iterations=10000,
@@ -270,3 +290,68 @@ def threaded_stream_queries(query, size_t iterations, streams) -> float:
     with nogil:
         calls = c_threaded_stream_queries(which, iterations, handles)
     return calls
+
+
+def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t repeat=1) -> dict:
+    """Replays an allocation log (a ``Trace``, see ``rmm_fences.bench.read_allocation_log``)
+    on ``mr``, timed in C++ without the GIL.
+
+    One C++ thread per recorded thread replays its events in recorded order, all started
+    together; a free of a block another thread allocated waits (spinning, yielding) until that
+    allocation happened. No memory is touched: this is the host cost of the calls, as in
+    :func:`alloc_free_ns`. An allocation that throws is counted in ``errors`` and the replay
+    goes on (its free is skipped). Blocks the log never frees are freed after the timing.
+
+    Parameters
+    ----------
+    mr : DeviceMemoryResource
+        Any rmm resource.
+    trace : Trace
+        The log.
+    streams : list, optional
+        The stream of each recorded stream (index ``k`` of ``trace.stream_handles``; rmm,
+        CuPy, cuda.core or ``__cuda_stream__`` streams). Default: one new non-blocking stream
+        per recorded stream, except the recorded handles 0, 1 and 2 (the legacy default
+        stream, ``cudaStreamLegacy``, ``cudaStreamPerThread``), which stay themselves; the new
+        streams are synchronized and destroyed before this returns.
+    repeat : int
+        Replays, each from scratch (nothing live in between).
+
+    Returns a dict: ``seconds`` (timed, summed over the replays), ``allocations_per_s``
+    (allocations + frees made, per timed second: rmm's replay benchmark reports only the time
+    of a replay), ``allocations``, ``frees``, ``errors``, ``skipped_frees``, ``leftovers``
+    (sums over the replays) and ``peak_live_bytes`` (most bytes live at once, as replayed).
+    """
+    if repeat == 0:
+        raise ValueError("repeat must be positive, got 0")
+    if len(trace) == 0:
+        raise ValueError("the trace holds no event")
+    cdef const uint32_t[::1] thread = trace.thread
+    cdef const uint8_t[::1] action = trace.action
+    cdef const uint64_t[::1] ident = trace.id
+    cdef const uint64_t[::1] size = trace.size
+    cdef const uint32_t[::1] stream = trace.stream
+    cdef vector[uintptr_t] recorded = [int(h) for h in trace.stream_handles]
+    cdef vector[cudaStream_t] handles
+    if streams is not None:
+        if len(streams) < recorded.size():
+            raise ValueError(f"streams must hold one stream per recorded stream "
+                             f"({recorded.size()}), got {len(streams)}")
+        handles = _stream_handles(streams)
+    cdef replay_trace_t c_trace = c_make_trace(
+        thread.shape[0], &thread[0], &action[0], &ident[0], &size[0], &stream[0],
+        trace.threads, recorded.size())
+    cdef replay_result r
+    with nogil:
+        r = c_replay_trace(mr.get_mr(), c_trace, handles, recorded, repeat)
+    calls = r.allocations + r.frees
+    return {
+        "seconds": r.seconds,
+        "allocations_per_s": calls / r.seconds if r.seconds > 0 else 0.0,
+        "allocations": r.allocations,
+        "frees": r.frees,
+        "errors": r.errors,
+        "skipped_frees": r.skipped_frees,
+        "leftovers": r.leftovers,
+        "peak_live_bytes": r.peak_live_bytes,
+    }
