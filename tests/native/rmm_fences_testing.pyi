@@ -1,4 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
+from typing import Any
+
 class HostSyncOnFree:
     def __init__(
         self,
@@ -82,3 +84,12 @@ class HostTorchAllocator:
     def run_threads(
         self, workers: int = 4, iterations: int = 2000, random_state: int = 1
     ) -> dict[str, int]: ...
+
+def host_replay(
+    trace: Any,
+    streams: list[int] | None = None,
+    repeat: int = 1,
+    fail_size: int = 0,
+    slow_size: int = 0,
+    slow_us: int = 0,
+) -> dict[str, Any]: ...

@@ -9,7 +9,7 @@ device) in place of CUDA events and host allocators in place of the upstream. Ne
 
 from cython.operator cimport dereference as deref
 from libc.stddef cimport size_t
-from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
 from libcpp.optional cimport optional
@@ -988,3 +988,70 @@ cdef class HostTorchAllocator:
             "live_fences": r.live_fences,
             "live_count": r.live_count,
         }
+
+
+cdef extern from "rmm_fences_testing/host_replay.hpp" namespace "rmm_fences::testing":
+    cdef cppclass replay_result "rmm_fences::bench::replay::result":
+        double seconds
+        uint64_t allocations
+        uint64_t frees
+        uint64_t errors
+        uint64_t skipped_frees
+        uint64_t leftovers
+        uint64_t peak_live_bytes
+
+    cdef cppclass replay_call "rmm_fences::testing::recording_host_resource::call":
+        uint64_t seq
+        bool is_free
+        uintptr_t ptr
+        size_t size
+        uintptr_t stream
+
+    cdef cppclass host_replay_run:
+        replay_result result
+        vector[replay_call] calls
+        uint64_t thread_starts
+
+    host_replay_run c_host_replay "rmm_fences::testing::host_replay"(
+        const vector[uint32_t]&, const vector[uint8_t]&, const vector[uint64_t]&,
+        const vector[uint64_t]&, const vector[uint32_t]&, size_t, const vector[uintptr_t]&,
+        uint64_t, size_t, size_t, uint64_t) nogil except +
+
+
+def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
+                size_t slow_size=0, uint64_t slow_us=0) -> dict:
+    """Replays ``trace`` (an ``rmm_fences.bench.Trace``) with the engine of
+    ``rmm_fences.bench.replay`` (one real thread per recorded thread) on a malloc-backed host
+    resource that records its calls. ``streams``: the handle of each recorded stream (default:
+    100 + index). Allocations of ``fail_size`` bytes throw; allocations of ``slow_size`` bytes
+    sleep ``slow_us`` first.
+
+    Returns the engine's counters and ``calls``: ``(seq, "allocate" | "free", ptr, size,
+    stream)`` in call order; ``thread_starts``: how often the per-thread set-up ran.
+    """
+    cdef vector[uint32_t] thread = trace.thread.tolist()
+    cdef vector[uint8_t] is_free = trace.action.tolist()
+    cdef vector[uint64_t] ids = trace.id.tolist()
+    cdef vector[uint64_t] sizes = trace.size.tolist()
+    cdef vector[uint32_t] stream = trace.stream.tolist()
+    cdef size_t threads = trace.threads
+    if streams is None:
+        streams = [100 + k for k in range(trace.streams)]
+    cdef vector[uintptr_t] handles = streams
+    cdef host_replay_run run
+    with nogil:
+        run = c_host_replay(thread, is_free, ids, sizes, stream, threads, handles, repeat,
+                            fail_size, slow_size, slow_us)
+    r = run.result
+    return {
+        "seconds": r.seconds,
+        "allocations": r.allocations,
+        "frees": r.frees,
+        "errors": r.errors,
+        "skipped_frees": r.skipped_frees,
+        "leftovers": r.leftovers,
+        "peak_live_bytes": r.peak_live_bytes,
+        "thread_starts": run.thread_starts,
+        "calls": [(c.seq, "free" if c.is_free else "allocate", c.ptr, c.size, c.stream)
+                  for c in run.calls],
+    }

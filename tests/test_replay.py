@@ -1,0 +1,284 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rmm allocation logs (rmm_fences.bench.read_allocation_log / write_allocation_log / Trace)
+and the replay engine of rmm_fences.bench.replay over a host resource (the host test harness):
+no GPU needed, except the ``gpu`` tests at the end."""
+
+import collections
+import gzip
+import io
+
+import numpy as np
+import pytest
+
+from rmm_fences.bench import Trace, read_allocation_log, replay, write_allocation_log
+
+# The shape of rmm's log (logging_resource_adaptor_impl.cpp in librmm 26.x): the header as
+# logged with the pattern "%v", then "%t,%H:%M:%S.%f,%v" with "allocate,%p,%zu,%s",
+# "allocate failure,%p,%zu,%s" (nullptr: "(nil)") or "free,%p,%zu,%s", the stream as
+# std::hex of its handle.
+RMM_LOG = """\
+Thread,Time,Action,Pointer,Size,Stream
+2519617,14:03:27.519214,allocate,0x7f3a5c000000,1048576,0
+2519617,14:03:27.519403,allocate,0x7f3a5c100000,256,55d9f1a2b3c0
+2519620,14:03:27.519650,allocate failure,(nil),1099511627776,0
+2519620,14:03:27.519702,free,0x7f3a5c000000,1048576,0
+2519617,14:03:27.519810,allocate,0x7f3a5c000000,4096,55d9f1a2b3c0
+2519620,14:03:27.519901,free,0x7f3a4b000000,512,0
+2519617,14:03:27.520033,free,0x7f3a5c000000,4096,55d9f1a2b3c0
+"""
+
+
+def test_reads_rmm_s_exact_format():
+    t = read_allocation_log(io.StringIO(RMM_LOG))
+    assert t.thread_ids == (2519617, 2519620)
+    assert t.stream_handles == (0, 0x55D9F1A2B3C0)
+    assert t.failed_allocations == 1  # the "allocate failure" line, left out
+    assert t.dropped_frees == 1  # 0x7f3a4b000000 was never allocated in the log
+    assert t.thread.tolist() == [0, 0, 1, 0, 0]
+    assert t.action.tolist() == [0, 0, 1, 0, 1]  # allocate, allocate, free, allocate, free
+    # 0x7f3a5c000000 freed, then allocated again: a new id
+    assert t.id.tolist() == [0, 1, 0, 2, 2]
+    assert t.size.tolist() == [1048576, 256, 1048576, 4096, 4096]
+    assert t.stream.tolist() == [0, 1, 0, 1, 1]
+    assert t.time[0] == 0
+    assert t.time.tolist() == pytest.approx([0, 189e-6, 488e-6, 596e-6, 819e-6])
+    assert t.start_time == pytest.approx(14 * 3600 + 3 * 60 + 27.519214)
+    assert t.stats() == {
+        "events": 5,
+        "threads": 2,
+        "streams": 2,
+        "allocations": 3,
+        "frees": 2,
+        "leftovers": 1,
+        "total_bytes": 1048576 + 256 + 4096,
+        "peak_live_bytes": 1048576 + 256,
+        "failed_allocations": 1,
+        "dropped_frees": 1,
+        "seconds": pytest.approx(819e-6),
+    }
+
+
+def test_reads_paths_gzip_and_binary_files(tmp_path):
+    ref = read_allocation_log(io.StringIO(RMM_LOG))
+    plain = tmp_path / "log.csv"
+    plain.write_text(RMM_LOG)
+    packed = tmp_path / "log.csv.gz"
+    packed.write_bytes(gzip.compress(RMM_LOG.encode()))
+    for source in (plain, str(packed), io.BytesIO(gzip.compress(RMM_LOG.encode())), packed):
+        t = read_allocation_log(source)
+        assert t.id.tolist() == ref.id.tolist() and t.dropped_frees == 1
+
+
+def test_columns_by_header_name_and_without_header():
+    lines = RMM_LOG.splitlines()
+    # columns in another order, named by the header
+    order = [5, 4, 3, 2, 1, 0]
+    shuffled = "\n".join(",".join(line.split(",")[k] for k in order) for line in lines)
+    t = read_allocation_log(io.StringIO(shuffled))
+    assert t.size.tolist() == [1048576, 256, 1048576, 4096, 4096]
+    # no header: rmm's order
+    t = read_allocation_log(io.StringIO("\n".join(lines[1:])))
+    assert t.id.tolist() == [0, 1, 0, 2, 2]
+    with pytest.raises(ValueError, match="lacks the columns"):
+        read_allocation_log(io.StringIO("Thread,Time,Action,Pointer,Size\n"))
+    with pytest.raises(ValueError, match="line 2"):
+        read_allocation_log(io.StringIO(lines[0] + "\n1,xx,allocate,0x10,8,0\n"))
+    with pytest.raises(ValueError, match="unknown action"):
+        read_allocation_log(io.StringIO(lines[0] + "\n1,00:00:00.000001,realloc,0x10,8,0\n"))
+
+
+def test_times_past_midnight_keep_counting():
+    log = (
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,23:59:59.999000,allocate,0x10,8,0\n"
+        "1,00:00:00.001000,free,0x10,8,0\n"
+    )
+    assert read_allocation_log(io.StringIO(log)).time.tolist() == pytest.approx([0, 0.002])
+
+
+def test_round_trip(tmp_path):
+    t = read_allocation_log(io.StringIO(RMM_LOG))
+    for name in ("out.csv", "out.csv.gz"):
+        path = tmp_path / name
+        write_allocation_log(t, path)
+        if name.endswith(".gz"):
+            assert gzip.open(path, "rt").readline() == "Thread,Time,Action,Pointer,Size,Stream\n"
+        back = read_allocation_log(path)
+        for column in ("thread", "action", "id", "size", "stream"):
+            assert getattr(back, column).tolist() == getattr(t, column).tolist(), column
+        assert back.time == pytest.approx(t.time, abs=1e-6)
+        assert back.thread_ids == t.thread_ids and back.stream_handles == t.stream_handles
+        assert back.failed_allocations == 0 and back.dropped_frees == 0
+    text = io.StringIO()
+    write_allocation_log(t, text)
+    first = text.getvalue().splitlines()[1]
+    assert first == "2519617,14:03:27.519214,allocate,0x7f0000000000,1048576,0"
+
+
+def test_trace_from_events_checks_lifetimes():
+    t = Trace.from_events([(0, "allocate", 0, 64, 0), (1, "free", 0, None, 0)])
+    assert t.size.tolist() == [64, 64] and t.threads == 2 and t.streams == 1
+    with pytest.raises(ValueError, match="not live"):
+        Trace.from_events([(0, "free", 0, 8, 0)])
+    with pytest.raises(ValueError, match="allocated twice"):
+        Trace.from_events([(0, "allocate", 0, 8, 0), (0, "allocate", 0, 8, 0)])
+    with pytest.raises(ValueError, match="thread_ids"):
+        Trace.from_events([(1, "allocate", 0, 8, 0)], threads=[7])
+
+
+def synthetic(threads=4, per_thread=300, cross=True, seed=0, streams=2):
+    """Each thread allocates and frees blocks of its own; with ``cross`` every third block is
+    freed by the next thread (a cross-thread free) a few events later."""
+    rng = np.random.default_rng(seed)
+    events = []
+    live = collections.defaultdict(list)  # thread -> ids it will free
+    next_id = 0
+    for _ in range(per_thread):
+        for th in range(threads):
+            if live[th] and rng.random() < 0.5:
+                ident = live[th].pop(0)
+                events.append((th, "free", ident, None, ident % streams))
+            else:
+                size = int(rng.integers(1, 1 << 16))
+                events.append((th, "allocate", next_id, size, next_id % streams))
+                owner = (th + 1) % threads if cross and next_id % 3 == 0 else th
+                live[owner].append(next_id)
+                next_id += 1
+    for th in range(threads):  # free most of the rest, leave one per thread live
+        for ident in live[th][1:]:
+            events.append((th, "free", ident, None, ident % streams))
+    return Trace.from_events(events)
+
+
+def check_calls(trace, run, streams):
+    """Every allocation made once with its size and stream, freed once with the same pointer,
+    size and stream, after its allocation."""
+    by_ptr = {}
+    for seq, kind, ptr, size, stream in run["calls"]:
+        if kind == "allocate":
+            by_ptr.setdefault(ptr, []).append((seq, size, stream))
+        else:
+            seq0, size0, stream0 = by_ptr[ptr].pop()
+            assert (size, stream) == (size0, stream0)
+            assert seq > seq0
+    assert all(not v for v in by_ptr.values()), "an allocation was never freed"
+    allocs = [c for c in run["calls"] if c[1] == "allocate"]
+    expected = collections.Counter(
+        (int(s), streams[int(k)])
+        for a, s, k in zip(trace.action, trace.size, trace.stream)
+        if a == 0
+    )
+    assert collections.Counter((c[3], c[4]) for c in allocs) == expected
+
+
+def test_replay_engine_frees_every_allocation_once():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = synthetic()
+    streams = [0, 0x5000]
+    run = rmm_fences_testing.host_replay(t, streams=streams)
+    check_calls(t, run, streams)
+    assert run["allocations"] == t.allocations
+    assert run["frees"] == t.frees
+    assert run["leftovers"] == t.allocations - t.frees == 4
+    assert run["errors"] == run["skipped_frees"] == 0
+    assert run["thread_starts"] == t.threads
+    assert 0 < run["peak_live_bytes"] <= t.total_bytes
+    assert run["seconds"] > 0
+
+
+def test_replay_engine_cross_thread_free_waits_for_its_allocation():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    # thread 0 allocates slowly; thread 1's first event frees that block
+    t = Trace.from_events(
+        [(0, "allocate", 0, 4096, 0), (1, "free", 0, None, 0), (1, "allocate", 1, 8, 0)]
+    )
+    run = rmm_fences_testing.host_replay(t, slow_size=4096, slow_us=50_000)
+    kinds = [(c[1], c[3]) for c in run["calls"]]
+    assert kinds.index(("allocate", 4096)) < kinds.index(("free", 4096))
+    check_calls(t, run, [100])
+    assert run["leftovers"] == 1  # id 1, freed after the timing
+
+
+def test_replay_engine_counts_errors_and_skips_their_frees():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = Trace.from_events(
+        [
+            (0, "allocate", 0, 100, 0),
+            (0, "allocate", 1, 666, 0),
+            (1, "free", 1, None, 0),  # the failed one: skipped
+            (1, "allocate", 2, 666, 0),  # fails too, never freed
+            (1, "free", 0, None, 0),
+        ]
+    )
+    run = rmm_fences_testing.host_replay(t, fail_size=666)
+    assert run["errors"] == 2 and run["skipped_frees"] == 1
+    assert run["allocations"] == 3 and run["frees"] == 1 and run["leftovers"] == 0
+    assert [(c[1], c[3]) for c in run["calls"]] == [("allocate", 100), ("free", 100)]
+    assert run["peak_live_bytes"] == 100
+
+
+def test_replay_engine_repeats_from_scratch():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = synthetic(threads=3, per_thread=100, seed=3)
+    run = rmm_fences_testing.host_replay(t, streams=[7, 9], repeat=3)
+    assert run["allocations"] == 3 * t.allocations
+    assert run["frees"] == 3 * t.frees
+    assert run["leftovers"] == 3 * (t.allocations - t.frees)
+    assert run["thread_starts"] == 3 * t.threads
+    allocs = sum(1 for c in run["calls"] if c[1] == "allocate")
+    frees = sum(1 for c in run["calls"] if c[1] == "free")
+    assert allocs == frees == 3 * t.allocations
+    # the replay engine rejects a log it could not finish
+    bad = Trace.from_events([(0, "allocate", 0, 8, 0)])
+    with pytest.raises(ValueError, match="stream index out of range"):
+        rmm_fences_testing.host_replay(bad, streams=[])
+
+
+def test_replay_of_a_log_read_from_rmm_s_format():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = read_allocation_log(io.StringIO(RMM_LOG))
+    run = rmm_fences_testing.host_replay(t, streams=[0, 0x2000])
+    check_calls(t, run, [0, 0x2000])
+    assert run["leftovers"] == 1
+    # thread 0 may allocate its 4096 bytes before thread 1 frees the MiB: only each thread's
+    # order and each free after its allocation are kept
+    assert 1048576 + 256 <= run["peak_live_bytes"] <= 1048576 + 256 + 4096
+
+
+def test_replay_validates_before_any_cuda_call():
+    import rmm
+
+    mr = rmm.mr.CudaMemoryResource()
+    t = synthetic(threads=2, per_thread=10)
+    with pytest.raises(ValueError, match="repeat must be positive"):
+        replay(mr, t, repeat=0)
+    with pytest.raises(ValueError, match="no event"):
+        replay(mr, Trace.from_events([]))
+    with pytest.raises(ValueError, match="one stream per recorded stream"):
+        replay(mr, t, streams=[None])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["stream_ordered_pool", "rmm_pool"])
+def test_replay_on_the_gpu(kind):
+    import rmm
+
+    from rmm_fences import StreamOrderedPoolMemoryResource
+
+    if kind == "stream_ordered_pool":
+        mr = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
+    else:
+        mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size="256MiB")
+    t = synthetic(threads=4, per_thread=2000, streams=3)
+    stats = replay(mr, t, repeat=2)
+    assert stats["errors"] == 0 and stats["skipped_frees"] == 0
+    assert stats["allocations"] == 2 * t.allocations
+    assert stats["frees"] == 2 * t.frees
+    assert stats["leftovers"] == 2 * (t.allocations - t.frees)
+    assert 0 < stats["peak_live_bytes"] <= t.total_bytes
+    assert stats["seconds"] > 0
+    # sane: faster than 10k and slower than 1e9 allocations + frees per second on any host
+    assert 1e4 < stats["allocations_per_s"] < 1e9, stats
+    # the caller's streams, the legacy default stream among them
+    stats = replay(mr, t, streams=[None, rmm.pylibrmm.stream.Stream(), None])
+    assert stats["errors"] == 0
