@@ -262,13 +262,14 @@ def test_replay_validates_before_any_cuda_call():
 @pytest.mark.parametrize("kind", ["stream_ordered_pool", "rmm_pool"])
 def test_replay_on_the_gpu(kind):
     import rmm
+    from rmm.pylibrmm.stream import Stream
 
     from rmm_fences import StreamOrderedPoolMemoryResource
 
     if kind == "stream_ordered_pool":
         mr = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
     else:
-        mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size="256MiB")
+        mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=2**28)
     t = synthetic(threads=4, per_thread=2000, streams=3)
     stats = replay(mr, t, repeat=2)
     assert stats["errors"] == 0 and stats["skipped_frees"] == 0
@@ -280,5 +281,5 @@ def test_replay_on_the_gpu(kind):
     # sane: faster than 10k and slower than 1e9 allocations + frees per second on any host
     assert 1e4 < stats["allocations_per_s"] < 1e9, stats
     # the caller's streams, the legacy default stream among them
-    stats = replay(mr, t, streams=[None, rmm.pylibrmm.stream.Stream(), None])
+    stats = replay(mr, t, streams=[None, Stream(), None])
     assert stats["errors"] == 0
