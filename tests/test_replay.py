@@ -258,6 +258,20 @@ def test_replay_validates_before_any_cuda_call():
         replay(mr, t, streams=[None])
 
 
+def test_replay_reaches_the_native_call_without_a_gpu():
+    import rmm
+
+    from rmm_fences._cuda import device_count
+
+    if device_count() > 0:
+        pytest.skip("a GPU is present: test_replay_on_the_gpu covers the call")
+    # the trace's columns pass into C++ (read-only arrays as const memoryviews); the first
+    # CUDA call (cudaGetDevice) then fails
+    t = Trace.from_events([(0, "allocate", 0, 8, 0), (1, "free", 0, None, 0)])
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        replay(rmm.mr.CudaMemoryResource(), t)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["stream_ordered_pool", "rmm_pool"])
 def test_replay_on_the_gpu(kind):
