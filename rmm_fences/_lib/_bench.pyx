@@ -15,6 +15,7 @@ from rmm.librmm.memory_resource cimport device_async_resource_ref
 from rmm.pylibrmm.memory_resource._memory_resource cimport DeviceMemoryResource
 from rmm.pylibrmm.stream cimport Stream
 
+from rmm_fences._lib._replay cimport c_make_trace, replay_result, replay_trace_t
 from rmm_fences._lib.memory_resource cimport as_stream
 
 from rmm_fences._sizes import parse_bytes
@@ -72,22 +73,6 @@ cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
         device_async_resource_ref mr, const vector[cudaStream_t]& streams, double seconds,
         CUfunction fill, CUfunction check, unsigned long long* errors, size_t max_bytes,
         size_t max_live, uint64_t random_state, unsigned long long check_delay_ns) except +
-
-    cdef cppclass replay_trace_t "rmm_fences::bench::replay::trace":
-        pass
-
-    cdef struct replay_result "rmm_fences::bench::replay::result":
-        double seconds
-        uint64_t allocations
-        uint64_t frees
-        uint64_t errors
-        uint64_t skipped_frees
-        uint64_t leftovers
-        uint64_t peak_live_bytes
-
-    replay_trace_t c_make_trace "rmm_fences::bench::replay::make_trace"(
-        size_t events, const uint32_t* thread, const uint8_t* is_free, const uint64_t* id,
-        const uint64_t* size, const uint32_t* stream, size_t threads, size_t streams) except +
 
     replay_result c_replay_trace "rmm_fences::bench::replay_trace"(
         device_async_resource_ref mr, const replay_trace_t& trace, vector[cudaStream_t] streams,

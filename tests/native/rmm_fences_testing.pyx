@@ -32,6 +32,7 @@ from rmm_fences._lib._cores cimport (
     sync_on_free_stats,
     torch_allocator_stats,
 )
+from rmm_fences._lib._replay cimport replay_result
 
 
 cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fences::testing":
@@ -991,15 +992,6 @@ cdef class HostTorchAllocator:
 
 
 cdef extern from "rmm_fences_testing/host_replay.hpp" namespace "rmm_fences::testing":
-    cdef cppclass replay_result "rmm_fences::bench::replay::result":
-        double seconds
-        uint64_t allocations
-        uint64_t frees
-        uint64_t errors
-        uint64_t skipped_frees
-        uint64_t leftovers
-        uint64_t peak_live_bytes
-
     cdef cppclass replay_call "rmm_fences::testing::recording_host_resource::call":
         uint64_t seq
         bool is_free
