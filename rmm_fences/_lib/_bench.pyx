@@ -329,14 +329,7 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
     cdef replay_result r
     with nogil:
         r = c_replay_trace(mr.get_mr(), c_trace, handles, recorded, repeat)
+    cdef dict out = r  # the struct's fields, by name
     calls = r.allocations + r.frees
-    return {
-        "seconds": r.seconds,
-        "allocations_per_s": calls / r.seconds if r.seconds > 0 else 0.0,
-        "allocations": r.allocations,
-        "frees": r.frees,
-        "errors": r.errors,
-        "skipped_frees": r.skipped_frees,
-        "leftovers": r.leftovers,
-        "peak_live_bytes": r.peak_live_bytes,
-    }
+    out["allocations_per_s"] = calls / r.seconds if r.seconds > 0 else 0.0
+    return out

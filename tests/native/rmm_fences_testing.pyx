@@ -1034,16 +1034,8 @@ def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
     with nogil:
         run = c_host_replay(thread, is_free, ids, sizes, stream, threads, handles, repeat,
                             fail_size, slow_size, slow_us)
-    r = run.result
-    return {
-        "seconds": r.seconds,
-        "allocations": r.allocations,
-        "frees": r.frees,
-        "errors": r.errors,
-        "skipped_frees": r.skipped_frees,
-        "leftovers": r.leftovers,
-        "peak_live_bytes": r.peak_live_bytes,
-        "thread_starts": run.thread_starts,
-        "calls": [(c.seq, "free" if c.is_free else "allocate", c.ptr, c.size, c.stream)
-                  for c in run.calls],
-    }
+    cdef dict out = run.result  # the engine's result struct, by field name
+    out["thread_starts"] = run.thread_starts
+    out["calls"] = [(c.seq, "free" if c.is_free else "allocate", c.ptr, c.size, c.stream)
+                    for c in run.calls]
+    return out
