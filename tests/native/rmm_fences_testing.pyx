@@ -85,7 +85,7 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         size_t live_count() except +
         sync_on_free_stats stats() except +
 
-    cdef cppclass thread_run_result:
+    cdef struct thread_run_result:
         uint64_t frees
         uint64_t unsafe_releases
         uint64_t upstream_bad_frees
@@ -229,16 +229,7 @@ cdef class HostSyncOnFree:
         cdef thread_run_result r
         with nogil:
             r = deref(self.c_obj).run_threads(workers, iterations, random_state)
-        return {
-            "frees": r.frees,
-            "unsafe_releases": r.unsafe_releases,
-            "upstream_bad_frees": r.upstream_bad_frees,
-            "lost": r.lost,
-            "syncs_counted": r.syncs_counted,
-            "syncs_succeeded": r.syncs_succeeded,
-            "invalidated_captures": r.invalidated_captures,
-            "pending_after_flush": r.pending_after_flush,
-        }
+        return r  # the struct's fields, by name
 
     def fence(self, size_t fence) -> dict:
         cdef fence_entry f = deref(self.c_obj).board().fence_at(fence)
@@ -851,7 +842,7 @@ cdef extern from "rmm_fences_testing/host_torch.hpp" namespace "rmm_fences::test
         size_t used() except +
         uint64_t bad_frees() except +
 
-    cdef cppclass torch_thread_result:
+    cdef struct torch_thread_result:
         uint64_t allocations
         uint64_t frees
         uint64_t records
@@ -975,20 +966,7 @@ cdef class HostTorchAllocator:
         cdef torch_thread_result r
         with nogil:
             r = deref(self.c_obj).run_threads(workers, iterations, random_state)
-        return {
-            "allocations": r.allocations,
-            "frees": r.frees,
-            "records": r.records,
-            "unknown_records": r.unknown_records,
-            "ooms": r.ooms,
-            "unsafe_frees": r.unsafe_frees,
-            "upstream_bad_frees": r.upstream_bad_frees,
-            "upstream_used": r.upstream_used,
-            "waits_ok": r.waits_ok,
-            "syncs_ok": r.syncs_ok,
-            "live_fences": r.live_fences,
-            "live_count": r.live_count,
-        }
+        return r  # the struct's fields, by name
 
 
 cdef extern from "rmm_fences_testing/host_replay.hpp" namespace "rmm_fences::testing":
