@@ -240,9 +240,9 @@ def test_replay_of_a_log_read_from_rmm_s_format():
     run = rmm_fences_testing.host_replay(t, streams=[0, 0x2000])
     check_calls(t, run, [0, 0x2000])
     assert run["leftovers"] == 1
-    # thread 0 may allocate its 4096 bytes before thread 1 frees the MiB: only each thread's
-    # order and each free after its allocation are kept
-    assert 1048576 + 256 <= run["peak_live_bytes"] <= 1048576 + 256 + 4096
+    # only each thread's order and each free after its allocation are kept: thread 1 may free
+    # the MiB before thread 0 allocates its 256 bytes (seen on a 16-core host), or after its 4096
+    assert 1048576 <= run["peak_live_bytes"] <= 1048576 + 256 + 4096
 
 
 def test_replay_validates_before_any_cuda_call():
