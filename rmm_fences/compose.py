@@ -146,7 +146,7 @@ RESOURCES = {
             "pool",
             "rmm_fences.StreamOrderedPoolMemoryResource",
             True,
-            _SIZES,
+            {**_SIZES, "maximum_growth_size": "size"},
             True,
             doc="rmm_fences StreamOrderedPoolMemoryResource",
         ),

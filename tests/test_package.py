@@ -164,6 +164,9 @@ def test_pool_upstream_must_be_a_resource(bad):
         ({"maximum_pool_size": "-1GiB"}, "maximum_pool_size"),
         ({"maximum_pool_size": "lots"}, "maximum_pool_size"),
         ({"initial_pool_size": "2GiB", "maximum_pool_size": "1GiB"}, "maximum_pool_size"),
+        ({"maximum_growth_size": 0}, "maximum_growth_size"),
+        ({"maximum_growth_size": "-2MiB"}, "maximum_growth_size"),
+        ({"maximum_growth_size": "some"}, "maximum_growth_size"),
     ],
 )
 def test_pool_bad_sizes_name_the_argument(kwargs, name):

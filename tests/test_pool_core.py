@@ -378,6 +378,33 @@ def test_growth_allocates_on_the_requesting_stream_and_fences_the_rest():
     assert p.violations == []
 
 
+def grown_chunks(maximum_growth_size, requests):
+    """Chunk sizes the pool took from the upstream while serving ``requests`` (none freed)."""
+    p = HostStreamOrderedPool(maximum_growth_size=maximum_growth_size)
+    live = [(p.allocate(n, stream=1), n) for n in requests]
+    chunks = [size for kind, _, size, _, _ in p.upstream_calls if kind == "allocate"]
+    for ptr, n in live:
+        p.deallocate(ptr, n, stream=1)
+    assert p.violations == []
+    return chunks
+
+
+def test_growth_doubles_the_pool_by_default():
+    requests = [3 << 20] * 50  # 150 MiB live
+    chunks = grown_chunks(None, requests)
+    assert chunks == [64 << 20, 64 << 20, 128 << 20], chunks  # 256 MiB held for 150
+
+
+def test_maximum_growth_size_bounds_each_chunk_beyond_the_request():
+    requests = [3 << 20] * 40 + [40 << 20]  # 160 MiB live; the last request above the bound
+    chunks = grown_chunks(16 << 20, requests)
+    assert chunks[:-1] == [16 << 20] * (len(chunks) - 1), chunks
+    assert chunks[-1] == 40 << 20, "a request above the bound gets a chunk of its own size"
+    # 15 MiB of each 16 MiB chunk holds five 3 MiB blocks: 8 chunks for 40 blocks
+    assert sum(chunks) == 8 * (16 << 20) + (40 << 20)
+    assert sum(chunks) <= 1.05 * sum(requests)
+
+
 def test_growth_during_capture_uses_the_pools_own_stream():
     p = HostStreamOrderedPool()
     p.begin_capture(1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "asv_bench" / "benchmarks"))
@@ -33,7 +34,7 @@ def _run(command, allocator):
         return {"error": str(exc)[-2000:]}
 
 
-def hazards(trials: int) -> tuple[list, str]:
+def hazards(trials: int, save=lambda rows: None) -> tuple[list, str]:
     rows, lines = (
         [],
         [
@@ -48,6 +49,7 @@ def hazards(trials: int) -> tuple[list, str]:
             out.setdefault("allocator", allocator)
             out.setdefault("pattern", pattern)
             rows.append(out)
+            save(rows)
             stats = out.get("stats", {})
             corrupted = f"{out['corrupted']}/{out['trials']}" if "corrupted" in out else "failed"
             hz = out.get("hazards")
@@ -59,38 +61,64 @@ def hazards(trials: int) -> tuple[list, str]:
     return rows, "\n".join(lines)
 
 
-def train(steps: int) -> tuple[list, str]:
+def train(steps: int, save=lambda rows: None, repeat: int = 1, allocators=None) -> tuple[list, str]:
+    """Each model under each allocator, ``repeat`` rounds (allocators alternating within a
+    round), one process per run."""
     rows = []
-    for model in workloads.MODELS:
-        for allocator in workloads.ALLOCATORS:
-            out = _run(["train", allocator, model, "--steps", str(steps)], allocator)
-            out.setdefault("allocator", allocator)
-            out.setdefault("model", model)
-            rows.append(out)
+    for round_ in range(repeat):
+        for model in workloads.MODELS:
+            for allocator in allocators or workloads.ALLOCATORS:
+                out = _run(["train", allocator, model, "--steps", str(steps)], allocator)
+                out.setdefault("allocator", allocator)
+                out.setdefault("model", model)
+                out["round"] = round_
+                rows.append(out)
+                save(rows)  # what ran is kept when a time limit stops the rest
+                print(
+                    f"round {round_}: {model} under {allocator}: "
+                    f"{out.get('steps_per_s', out.get('error'))}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return rows, train_table(rows)
+
+
+def train_table(rows: list) -> str:
+    """The training table from rows: per model and allocator, the median step time over the
+    rounds, its ratio against PyTorch's allocator's median, the range of the per-round ratios
+    (each against PyTorch's allocator in the same round), and the peak device memory."""
     lines = [
-        "| model | allocator | steps/s | step time / PyTorch's | peak MiB | peak / PyTorch's |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| model | allocator | rounds | steps/s | step time / PyTorch's | per-round range | "
+        "peak MiB | peak / PyTorch's |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
+    ok = [r for r in rows if "step_s" in r]
     for model in workloads.MODELS:
-        ref = next(
-            (
-                r
-                for r in rows
-                if r["model"] == model and r["allocator"] == "torch" and "step_s" in r
-            ),
-            None,
-        )
-        for r in (r for r in rows if r["model"] == model):
-            if "step_s" not in r:
-                lines.append(f"| {model} | {r['allocator']} | failed | | | |")
+        ref = {
+            r.get("round", 0): r for r in ok if r["model"] == model and r["allocator"] == "torch"
+        }
+        ref_step = statistics.median(r["step_s"] for r in ref.values()) if ref else None
+        ref_peak = max(r["peak_used_bytes"] for r in ref.values()) if ref else None
+        names = list(dict.fromkeys(r["allocator"] for r in rows if r["model"] == model))
+        for name in names:
+            mine = [r for r in ok if r["model"] == model and r["allocator"] == name]
+            if not mine:
+                lines.append(f"| {model} | {name} | 0 | failed | | | | |")
                 continue
-            ratio = f"{r['step_s'] / ref['step_s']:.3f}" if ref else "-"
-            mem = f"{r['peak_used_bytes'] / ref['peak_used_bytes']:.3f}" if ref else "-"
+            step = statistics.median(r["step_s"] for r in mine)
+            peak = max(r["peak_used_bytes"] for r in mine)
+            per_round = [
+                r["step_s"] / ref[r.get("round", 0)]["step_s"]
+                for r in mine
+                if r.get("round", 0) in ref
+            ]
+            spread = f"{min(per_round):.3f}-{max(per_round):.3f}" if per_round else "-"
             lines.append(
-                f"| {model} | {r['allocator']} | {r['steps_per_s']:.3f} | {ratio} | "
-                f"{r['peak_used_bytes'] / 2**20:.0f} | {mem} |"
+                f"| {model} | {name} | {len(mine)} | {1 / step:.2f} | "
+                f"{f'{step / ref_step:.3f}' if ref_step else '-'} | {spread} | "
+                f"{peak / 2**20:.0f} | {f'{peak / ref_peak:.3f}' if ref_peak else '-'} |"
             )
-    return rows, "\n".join(lines)
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -99,11 +127,23 @@ def main() -> int:
     parser.add_argument("--json", type=pathlib.Path, help="write the rows here")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of train")
+    parser.add_argument("--allocators", nargs="+", choices=list(workloads.ALLOCATORS))
+    parser.add_argument("--table", action="store_true", help="print the table of the --json rows")
     args = parser.parse_args()
-    rows, table = hazards(args.trials) if args.what == "hazards" else train(args.steps)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+    def save(rows):
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+    if args.table and args.what == "train":
+        print(train_table(json.loads(args.json.read_text())))
+        return 0
+    if args.what == "hazards":
+        rows, table = hazards(args.trials, save)
+    else:
+        rows, table = train(args.steps, save, args.repeat, args.allocators)
     print(table)
     return 0
 

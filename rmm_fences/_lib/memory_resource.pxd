@@ -75,6 +75,7 @@ cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
             any_resource[device_accessible] upstream,
             size_t initial_pool_size,
             optional[size_t] maximum_pool_size,
+            optional[size_t] maximum_growth_size,
         ) except +
         void* try_allocate_cached(stream_ref stream, size_t nbytes) except +
         void* allocate(stream_ref stream, size_t nbytes, size_t alignment) except +

@@ -305,11 +305,13 @@ class NaiveCachingMemoryResource(_NaiveCachingMemoryResource):
 cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     cdef unique_ptr[stream_ordered_pool_memory_resource] c_obj
     cdef object _maximum_pool_size
+    cdef object _maximum_growth_size
 
     def __cinit__(self, DeviceMemoryResource upstream_mr, initial_pool_size=None,
-                  maximum_pool_size=None):
+                  maximum_pool_size=None, maximum_growth_size=None):
         cdef size_t initial = 0
         cdef optional[size_t] maximum
+        cdef optional[size_t] growth
         if initial_pool_size is not None:
             initial = parse_bytes(initial_pool_size, "initial_pool_size")
         if maximum_pool_size is not None:
@@ -320,19 +322,28 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
                     f"initial_pool_size ({initial})"
                 )
             maximum = <size_t>self._maximum_pool_size
+        if maximum_growth_size is not None:
+            self._maximum_growth_size = parse_bytes(maximum_growth_size, "maximum_growth_size")
+            if self._maximum_growth_size == 0:
+                raise ValueError(
+                    "maximum_growth_size must be a positive size (or None for doubling), got 0"
+                )
+            growth = <size_t>self._maximum_growth_size
         with nogil:
             self.c_obj.reset(new stream_ordered_pool_memory_resource(
-                any_resource[device_accessible](upstream_mr.get_mr()), initial, maximum,
+                any_resource[device_accessible](upstream_mr.get_mr()), initial, maximum, growth,
             ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
-    def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None):
+    def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None,
+                 maximum_growth_size=None):
         pass
 
     def __repr__(self):
         return (
             f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
-            f"pool_size={self.pool_size()}, maximum_pool_size={self.maximum_pool_size!r})"
+            f"pool_size={self.pool_size()}, maximum_pool_size={self.maximum_pool_size!r}, "
+            f"maximum_growth_size={self.maximum_growth_size!r})"
         )
 
     def allocate(self, size_t nbytes, stream=DEFAULT_STREAM):
@@ -395,6 +406,11 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """The bound on :meth:`pool_size`, or ``None``."""
         return self._maximum_pool_size
 
+    @property
+    def maximum_growth_size(self):
+        """The largest chunk a growth takes beyond the request, or ``None`` (doubling)."""
+        return self._maximum_growth_size
+
     def release(self) -> int:
         """Synchronize the device, then return every wholly free chunk to the upstream.
 
@@ -438,6 +454,12 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
         (default): nothing until the first allocation, then 64 MiB or the request.
     maximum_pool_size : int or str, optional
         The most bytes the pool may hold. ``None`` (default): no bound.
+    maximum_growth_size : int or str, optional
+        The largest chunk one growth takes from the upstream beyond what the request needs:
+        a growth takes the larger of the request and ``min(pool_size(), maximum_growth_size)``.
+        ``None`` (default): the pool doubles, as rmm's pool does. A bound keeps the pool
+        close to the peak of live bytes when it grows in large steps (PyTorch training, for
+        example), at the cost of more chunks.
 
     Notes
     -----
@@ -446,8 +468,8 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
     free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes,
     its last exact-size frees counted only once another stream ran short), never one per free,
-    and never while it is being captured. The pool grows by doubling,
-    trying smaller chunks when the upstream is short, allocating each chunk on the requesting
+    and never while it is being captured. The pool grows by doubling (or
+    by at most ``maximum_growth_size`` beyond the request), trying smaller chunks when the upstream is short, allocating each chunk on the requesting
     stream (on a pool-owned stream while the requesting stream is captured); right before
     raising :class:`MemoryError` it synchronizes the device once and reclaims what that sync
     covers. A double free, a foreign pointer or a wrong size raises :class:`ValueError` and
@@ -456,9 +478,12 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     destroyed. The pool belongs to the device current at construction.
     """
 
-    def __new__(cls, upstream_mr, initial_pool_size=None, maximum_pool_size=None):
+    def __new__(cls, upstream_mr, initial_pool_size=None, maximum_pool_size=None,
+                maximum_growth_size=None):
         _check_upstream(upstream_mr)
-        return super().__new__(cls, upstream_mr, initial_pool_size, maximum_pool_size)
+        return super().__new__(
+            cls, upstream_mr, initial_pool_size, maximum_pool_size, maximum_growth_size
+        )
 
 
 cdef cbool _python_stack(string& out) noexcept with gil:

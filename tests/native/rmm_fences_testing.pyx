@@ -302,7 +302,7 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         size_t pool_size()
 
     cdef cppclass host_pool:
-        host_pool(size_t, optional[size_t], size_t) except +
+        host_pool(size_t, optional[size_t], size_t, optional[size_t]) except +
         void* allocate(uint64_t, size_t, size_t) except +
         int deallocate(uint64_t, void*, size_t, size_t*) except +
         void deallocate_unchecked(uint64_t, void*, size_t) except +
@@ -433,11 +433,14 @@ cdef class HostStreamOrderedPool:
     cdef uint64_t _next_capture_id
 
     def __cinit__(self, size_t initial_pool_size=0, maximum_pool_size=None,
-                  size_t upstream_limit=1 << 40):
+                  size_t upstream_limit=1 << 40, maximum_growth_size=None):
         cdef optional[size_t] cap
+        cdef optional[size_t] growth
         if maximum_pool_size is not None:
             cap = <size_t>maximum_pool_size
-        self.c_obj.reset(new host_pool(initial_pool_size, cap, upstream_limit))
+        if maximum_growth_size is not None:
+            growth = <size_t>maximum_growth_size
+        self.c_obj.reset(new host_pool(initial_pool_size, cap, upstream_limit, growth))
         self._next_capture_id = 1
 
     def allocate(self, size_t nbytes, uint64_t stream=0, size_t alignment=256) -> int:

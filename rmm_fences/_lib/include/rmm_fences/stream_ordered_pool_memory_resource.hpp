@@ -39,15 +39,19 @@ class stream_ordered_pool_memory_resource
    * @param upstream where chunks come from
    * @param initial_pool_size bytes taken from the upstream at construction (0: on demand)
    * @param maximum_pool_size the most bytes the pool may hold (empty: no bound)
+   * @param maximum_growth_size the largest chunk a growth takes beyond the request (empty:
+   * chunks double the pool)
    */
   explicit stream_ordered_pool_memory_resource(
     cuda::mr::any_resource<cuda::mr::device_accessible> upstream,
-    std::size_t initial_pool_size                = 0,
-    std::optional<std::size_t> maximum_pool_size = std::nullopt)
+    std::size_t initial_pool_size                  = 0,
+    std::optional<std::size_t> maximum_pool_size   = std::nullopt,
+    std::optional<std::size_t> maximum_growth_size = std::nullopt)
     : shared_base(cuda::std::in_place_type<detail::stream_ordered_pool_memory_resource_impl>,
                   std::move(upstream),
                   initial_pool_size,
-                  maximum_pool_size)
+                  maximum_pool_size,
+                  maximum_growth_size)
   {
   }
 
@@ -72,6 +76,8 @@ class stream_ordered_pool_memory_resource
   [[nodiscard]] std::size_t pool_size() const noexcept { return get().pool_size(); }
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
   { return get().maximum_pool_size(); }
+  [[nodiscard]] std::optional<std::size_t> maximum_growth_size() const noexcept
+  { return get().maximum_growth_size(); }
   [[nodiscard]] stream_ordered_pool_stats stats() { return get().stats(); }
 };
 

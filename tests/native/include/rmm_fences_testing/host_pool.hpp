@@ -350,9 +350,12 @@ class host_pool {
     rmm_fences::mr::detail::stream_ordered_pool_core<host_pool_platform, host_chunk_upstream>;
 
  public:
-  host_pool(std::size_t initial, std::optional<std::size_t> maximum, std::size_t upstream_limit)
+  host_pool(std::size_t initial,
+            std::optional<std::size_t> maximum,
+            std::size_t upstream_limit,
+            std::optional<std::size_t> maximum_growth = std::nullopt)
     : log_{std::make_shared<pool_log>()},
-      core_{host_chunk_upstream{upstream_limit, log_}, initial, maximum, log_}
+      core_{host_chunk_upstream{upstream_limit, log_}, initial, maximum, maximum_growth, log_}
   {
   }
   ~host_pool() { core_.shutdown(true); }

@@ -158,10 +158,12 @@ class stream_ordered_pool_core {
   stream_ordered_pool_core(Upstream upstream,
                            std::size_t initial_pool_size,
                            std::optional<std::size_t> maximum_pool_size,
+                           std::optional<std::size_t> maximum_growth_size,
                            PlatformArgs&&... platform_args)
     : platform_(std::forward<PlatformArgs>(platform_args)...),
       upstream_{std::move(upstream)},
       maximum_pool_size_{maximum_pool_size},
+      maximum_growth_size_{maximum_growth_size},
       generation_{next_generation()}
   {
     if (initial_pool_size > 0) {
@@ -384,6 +386,10 @@ class stream_ordered_pool_core {
 
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
   { return maximum_pool_size_; }
+
+  /// The bound on a growth's chunk beyond the request (empty: chunks double the pool).
+  [[nodiscard]] std::optional<std::size_t> maximum_growth_size() const noexcept
+  { return maximum_growth_size_; }
 
   /**
    * @brief A snapshot of the counters.
@@ -894,7 +900,8 @@ class stream_ordered_pool_core {
 
   /**
    * @brief Grows the pool by one chunk (doubling, bounded, smaller on failure) and allocates
-   * from it.
+   * from it. With `maximum_growth_size` the chunk is the larger of the request and
+   * min(pool size, maximum_growth_size) instead of the larger of the request and the pool size.
    *
    * The chunk comes from the upstream on `stream`: the carved block is ordered for `stream`
    * and the rest is listed with a fence of `stream` recorded after the upstream call (in
@@ -913,7 +920,9 @@ class stream_ordered_pool_core {
                         ? (*maximum_pool_size_ > held ? *maximum_pool_size_ - held : std::size_t{0})
                         : SIZE_MAX;
     if (need > room) { return nullptr; }
-    auto chunk = std::min(room, std::max(need, held == 0 ? default_first_chunk : held));
+    auto step = held == 0 ? default_first_chunk : held;
+    if (maximum_growth_size_) { step = std::min(step, *maximum_growth_size_); }
+    auto chunk = std::min(room, std::max(need, step));
     chunk      = round_to_granule(chunk);
     // cudaMalloc would invalidate a global-mode capture; a stream sync is allowed in relaxed
     // mode on a stream that is not captured.
@@ -1097,6 +1106,7 @@ class stream_ordered_pool_core {
   Platform platform_;
   Upstream upstream_;
   std::optional<std::size_t> maximum_pool_size_;
+  std::optional<std::size_t> maximum_growth_size_;
 
   std::atomic<std::uint64_t> generation_;  // changes when a slot leaves `slots_`
   mutable std::shared_mutex slots_mutex_;

@@ -33,9 +33,13 @@ class stream_ordered_pool_memory_resource_impl {
  public:
   stream_ordered_pool_memory_resource_impl(upstream_type upstream,
                                            std::size_t initial_pool_size,
-                                           std::optional<std::size_t> maximum_pool_size)
-    : core_{
-        std::move(upstream), initial_pool_size, maximum_pool_size, rmm::get_current_cuda_device()}
+                                           std::optional<std::size_t> maximum_pool_size,
+                                           std::optional<std::size_t> maximum_growth_size)
+    : core_{std::move(upstream),
+            initial_pool_size,
+            maximum_pool_size,
+            maximum_growth_size,
+            rmm::get_current_cuda_device()}
   {
   }
 
@@ -117,6 +121,8 @@ class stream_ordered_pool_memory_resource_impl {
   [[nodiscard]] std::size_t pool_size() const noexcept { return core_.pool_size(); }
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
   { return core_.maximum_pool_size(); }
+  [[nodiscard]] std::optional<std::size_t> maximum_growth_size() const noexcept
+  { return core_.maximum_growth_size(); }
   [[nodiscard]] stream_ordered_pool_stats stats() { return core_.stats(); }
 
   /// The same-stream path alone (never blocks, no CUDA call but the stream identity): a block
