@@ -15,16 +15,17 @@ from rmm_fences.bench import Trace, read_allocation_log, replay, write_allocatio
 # The shape of rmm's log (logging_resource_adaptor_impl.cpp in librmm 26.x): the header as
 # logged with the pattern "%v", then "%t,%H:%M:%S.%f,%v" with "allocate,%p,%zu,%s",
 # "allocate failure,%p,%zu,%s" (nullptr: "(nil)") or "free,%p,%zu,%s", the stream as
-# std::hex of its handle.
+# rmm::detail::format_stream writes it: `sstr << std::hex << stream.get()`, a cudaStream_t,
+# which libstdc++ prints as a pointer: "0" for the default stream, "0x55d9f1a2b3c0" otherwise.
 RMM_LOG = """\
 Thread,Time,Action,Pointer,Size,Stream
 2519617,14:03:27.519214,allocate,0x7f3a5c000000,1048576,0
-2519617,14:03:27.519403,allocate,0x7f3a5c100000,256,55d9f1a2b3c0
+2519617,14:03:27.519403,allocate,0x7f3a5c100000,256,0x55d9f1a2b3c0
 2519620,14:03:27.519650,allocate failure,(nil),1099511627776,0
 2519620,14:03:27.519702,free,0x7f3a5c000000,1048576,0
-2519617,14:03:27.519810,allocate,0x7f3a5c000000,4096,55d9f1a2b3c0
+2519617,14:03:27.519810,allocate,0x7f3a5c000000,4096,0x55d9f1a2b3c0
 2519620,14:03:27.519901,free,0x7f3a4b000000,512,0
-2519617,14:03:27.520033,free,0x7f3a5c000000,4096,55d9f1a2b3c0
+2519617,14:03:27.520033,free,0x7f3a5c000000,4096,0x55d9f1a2b3c0
 """
 
 
@@ -113,6 +114,19 @@ def test_round_trip(tmp_path):
     write_allocation_log(t, text)
     first = text.getvalue().splitlines()[1]
     assert first == "2519617,14:03:27.519214,allocate,0x7f0000000000,1048576,0"
+
+
+def test_writes_streams_as_rmm_does():
+    # rmm writes a stream handle as a pointer: "0" for the default stream, "0x..." otherwise;
+    # a written log reads back the same, and its lines have rmm's shape
+    t = read_allocation_log(io.StringIO(RMM_LOG))
+    text = io.StringIO()
+    write_allocation_log(t, text)
+    streams = [line.rsplit(",", 1)[1] for line in text.getvalue().splitlines()[1:]]
+    assert streams == ["0", "0x55d9f1a2b3c0", "0", "0x55d9f1a2b3c0", "0x55d9f1a2b3c0"]
+    # the bare hex that older readers of the format wrote reads the same
+    bare = RMM_LOG.replace(",0x55d9f1a2b3c0", ",55d9f1a2b3c0")
+    assert read_allocation_log(io.StringIO(bare)).stream_handles == (0, 0x55D9F1A2B3C0)
 
 
 def test_trace_from_events_checks_lifetimes():
