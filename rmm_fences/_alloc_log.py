@@ -164,11 +164,14 @@ class Trace:
 
     @property
     def peak_live_bytes(self) -> int:
-        """Most bytes live at once, in recorded order."""
+        """Most bytes live at once, in recorded order (a free gives back its allocation's size,
+        as the replay frees it)."""
         if not len(self):
             return 0
-        signed = self.size.astype(np.int64)
-        signed[self.action == FREE] *= -1
+        allocs = self.action == ALLOCATE
+        by_id = np.zeros(int(self.id.max()) + 1, dtype=np.int64)
+        by_id[self.id[allocs]] = self.size[allocs]
+        signed = np.where(allocs, self.size.astype(np.int64), -by_id[self.id])
         return int(max(np.cumsum(signed).max(), 0))
 
     def stats(self) -> dict:
