@@ -8,7 +8,8 @@ The format, as librmm 26.x writes it (``logging_resource_adaptor_impl.cpp``): a 
 ``%t`` (the OS thread id, decimal), the time its ``%H:%M:%S.%f`` (microseconds, time of day),
 the action ``allocate``, ``free`` or ``allocate failure``, the pointer printf's ``%p``
 (``0x7f...``, ``(nil)`` for a null pointer), the size decimal bytes and the stream the stream
-handle in hex without ``0x`` (``0`` for the legacy default stream).
+handle as libstdc++ prints a pointer (``rmm::detail::format_stream``): ``0x55d9f1a2b3c0``, and
+``0`` for the legacy default stream (hex without ``0x`` reads the same).
 """
 
 from __future__ import annotations
@@ -163,11 +164,14 @@ class Trace:
 
     @property
     def peak_live_bytes(self) -> int:
-        """Most bytes live at once, in recorded order."""
+        """Most bytes live at once, in recorded order (a free gives back its allocation's size,
+        as the replay frees it)."""
         if not len(self):
             return 0
-        signed = self.size.astype(np.int64)
-        signed[self.action == FREE] *= -1
+        allocs = self.action == ALLOCATE
+        by_id = np.zeros(int(self.id.max()) + 1, dtype=np.int64)
+        by_id[self.id[allocs]] = self.size[allocs]
+        signed = np.where(allocs, self.size.astype(np.int64), -by_id[self.id])
         return int(max(np.cumsum(signed).max(), 0))
 
     def stats(self) -> dict:
@@ -300,6 +304,11 @@ def _time_of_day(seconds: float) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}.{us:06d}"
 
 
+def _stream_text(handle: int) -> str:
+    """A stream handle as rmm logs it (a pointer printed by libstdc++)."""
+    return hex(handle) if handle else "0"
+
+
 def write_allocation_log(trace: Trace, path_or_file) -> None:
     """Writes ``trace`` in rmm's log format (header and columns as rmm's logging adaptor writes
     them; gzip-compressed when a path ends in ``.gz``).
@@ -320,7 +329,8 @@ def write_allocation_log(trace: Trace, path_or_file) -> None:
         lines.append(
             f"{trace.thread_ids[thread]},{_time_of_day(trace.start_time + t)},"
             f"{'allocate' if act == ALLOCATE else 'free'},"
-            f"{hex(_FAKE_BASE + ident * _FAKE_STEP)},{size},{trace.stream_handles[stream]:x}"
+            f"{hex(_FAKE_BASE + ident * _FAKE_STEP)},{size},"
+            f"{_stream_text(trace.stream_handles[stream])}"
         )
     text = "\n".join(lines) + "\n"
     if hasattr(path_or_file, "write"):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -12,6 +13,7 @@ from rmm_fences._alloc_log import Trace, read_allocation_log, write_allocation_l
 from rmm_fences._lib._bench import (
     alloc_free_ns,
     fence_call_ns,
+    footprint_layer,
     random_allocations,
     replay,
     threaded_alloc_free,
@@ -27,12 +29,14 @@ __all__ = [
     "cub_temp_loop_us",
     "event_time_us",
     "fence_call_ns",
+    "footprint_layer",
     "random_allocations",
     "read_allocation_log",
     "replay",
     "stress",
     "threaded_alloc_free",
     "threaded_stream_queries",
+    "with_footprint",
     "write_allocation_log",
 ]
 
@@ -74,6 +78,27 @@ extern "C" __global__ void stress_check(const unsigned int* a, unsigned long lon
     if (bad) { atomicAdd(errors, bad); }
 }
 """
+
+
+def with_footprint(spec) -> str:
+    """``spec`` (an :mod:`rmm_fences.compose` spec, a str or a ``Spec``) with an rmm
+    ``StatisticsResourceAdaptor`` (``statistics``) between its leaf resource and the rest: the
+    layer where :func:`replay` reads the chain's footprint (:func:`footprint_layer`), e.g.
+    ``"pool(cuda)"`` -> ``"pool(statistics(cuda))"``. A spec whose leaf is ``cuda_async``, or
+    whose leaf already has a statistics adaptor over it, comes back as it is (the replay reads
+    the CUDA memory pool of a ``cuda_async`` leaf)."""
+    from rmm_fences.compose import Spec, parse_spec
+
+    tree = spec if isinstance(spec, Spec) else parse_spec(spec)
+
+    def wrap(node):
+        if node.inner is None:
+            return node if node.name == "cuda_async" else Spec("statistics", node)
+        if node.name == "statistics" and node.inner.inner is None:
+            return node
+        return dataclasses.replace(node, inner=wrap(node.inner))
+
+    return str(wrap(tree))
 
 
 @functools.cache

@@ -59,6 +59,7 @@ def test_typed_stubs_are_installed():
         "def threaded_stream_queries",
         "def stress",
         "def replay",
+        "def footprint_layer",
     ):
         assert name in bench_stub
         assert name not in stub

@@ -15,16 +15,17 @@ from rmm_fences.bench import Trace, read_allocation_log, replay, write_allocatio
 # The shape of rmm's log (logging_resource_adaptor_impl.cpp in librmm 26.x): the header as
 # logged with the pattern "%v", then "%t,%H:%M:%S.%f,%v" with "allocate,%p,%zu,%s",
 # "allocate failure,%p,%zu,%s" (nullptr: "(nil)") or "free,%p,%zu,%s", the stream as
-# std::hex of its handle.
+# rmm::detail::format_stream writes it: `sstr << std::hex << stream.get()`, a cudaStream_t,
+# which libstdc++ prints as a pointer: "0" for the default stream, "0x55d9f1a2b3c0" otherwise.
 RMM_LOG = """\
 Thread,Time,Action,Pointer,Size,Stream
 2519617,14:03:27.519214,allocate,0x7f3a5c000000,1048576,0
-2519617,14:03:27.519403,allocate,0x7f3a5c100000,256,55d9f1a2b3c0
+2519617,14:03:27.519403,allocate,0x7f3a5c100000,256,0x55d9f1a2b3c0
 2519620,14:03:27.519650,allocate failure,(nil),1099511627776,0
 2519620,14:03:27.519702,free,0x7f3a5c000000,1048576,0
-2519617,14:03:27.519810,allocate,0x7f3a5c000000,4096,55d9f1a2b3c0
+2519617,14:03:27.519810,allocate,0x7f3a5c000000,4096,0x55d9f1a2b3c0
 2519620,14:03:27.519901,free,0x7f3a4b000000,512,0
-2519617,14:03:27.520033,free,0x7f3a5c000000,4096,55d9f1a2b3c0
+2519617,14:03:27.520033,free,0x7f3a5c000000,4096,0x55d9f1a2b3c0
 """
 
 
@@ -113,6 +114,19 @@ def test_round_trip(tmp_path):
     write_allocation_log(t, text)
     first = text.getvalue().splitlines()[1]
     assert first == "2519617,14:03:27.519214,allocate,0x7f0000000000,1048576,0"
+
+
+def test_writes_streams_as_rmm_does():
+    # rmm writes a stream handle as a pointer: "0" for the default stream, "0x..." otherwise;
+    # a written log reads back the same, and its lines have rmm's shape
+    t = read_allocation_log(io.StringIO(RMM_LOG))
+    text = io.StringIO()
+    write_allocation_log(t, text)
+    streams = [line.rsplit(",", 1)[1] for line in text.getvalue().splitlines()[1:]]
+    assert streams == ["0", "0x55d9f1a2b3c0", "0", "0x55d9f1a2b3c0", "0x55d9f1a2b3c0"]
+    # the bare hex that older readers of the format wrote reads the same
+    bare = RMM_LOG.replace(",0x55d9f1a2b3c0", ",55d9f1a2b3c0")
+    assert read_allocation_log(io.StringIO(bare)).stream_handles == (0, 0x55D9F1A2B3C0)
 
 
 def test_trace_from_events_checks_lifetimes():
@@ -243,6 +257,176 @@ def test_replay_of_a_log_read_from_rmm_s_format():
     # only each thread's order and each free after its allocation are kept: thread 1 may free
     # the MiB before thread 0 allocates its 256 bytes (seen on a 16-core host), or after its 4096
     assert 1048576 <= run["peak_live_bytes"] <= 1048576 + 256 + 4096
+
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def chunked_trace():
+    """One thread: two 600 KiB blocks (the second does not fit in the first 1 MiB chunk's
+    rest), one freed and its size allocated again (kept by the pool: no growth), then 3 MiB (a
+    chunk of its own). Live at most: 600 KiB + 600 KiB + 3 MiB."""
+    return Trace.from_events(
+        [
+            (0, "allocate", 0, 600 * KiB, 0),
+            (0, "allocate", 1, 600 * KiB, 0),
+            (0, "free", 0, None, 0),
+            (0, "allocate", 2, 600 * KiB, 0),
+            (0, "allocate", 3, 3 * MiB, 0),
+            (0, "free", 1, None, 0),
+            (0, "free", 2, None, 0),
+            (0, "free", 3, None, 0),
+        ]
+    )
+
+
+def chunk_sizes(run):
+    return [c[3] for c in run["calls"] if c[1] == "allocate"]
+
+
+def test_replay_engine_footprint_of_a_pool_that_grows_in_chunks():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = chunked_trace()
+    peak_live = 1200 * KiB + 3 * MiB
+    assert t.peak_live_bytes == peak_live
+    run = rmm_fences_testing.host_replay(t, pool_chunk_bytes=MiB, measure_footprint=True)
+    assert chunk_sizes(run) == [MiB, MiB, 3 * MiB]  # what the pool drew from the upstream
+    assert run["footprint_bytes"] == 5 * MiB
+    assert run["trace_peak_live_bytes"] == run["peak_live_bytes"] == peak_live
+    assert run["fragmentation"] == pytest.approx(5 * MiB / peak_live)
+    assert run["errors"] == run["leftovers"] == 0
+    # the same replay without the meter reports no footprint: the numbers above were measured
+    bare = rmm_fences_testing.host_replay(t, pool_chunk_bytes=MiB)
+    assert bare["footprint_bytes"] == 0 and bare["fragmentation"] == 0.0
+    assert bare["trace_peak_live_bytes"] == peak_live
+
+
+def test_replay_engine_footprint_over_repetitions_and_what_was_held_before():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = chunked_trace()
+    # the pool keeps its chunks: later repetitions reuse them, the footprint stays
+    run = rmm_fences_testing.host_replay(t, repeat=3, pool_chunk_bytes=MiB, measure_footprint=True)
+    assert chunk_sizes(run) == [MiB, MiB, 3 * MiB]
+    assert run["footprint_bytes"] == 5 * MiB and run["allocations"] == 3 * t.allocations
+    # a chunk made before the replay holds everything: the footprint is what the chain held,
+    # not what it grew by
+    run = rmm_fences_testing.host_replay(
+        t, pool_chunk_bytes=MiB, pool_initial_bytes=8 * MiB, measure_footprint=True
+    )
+    assert chunk_sizes(run) == [8 * MiB]
+    assert run["footprint_bytes"] == 8 * MiB
+    assert run["fragmentation"] == pytest.approx(8 * MiB / (1200 * KiB + 3 * MiB))
+    # a peak of the upstream before the replay is not the chain's footprint
+    run = rmm_fences_testing.host_replay(
+        t, pool_chunk_bytes=MiB, measure_footprint=True, spike_bytes=64 * MiB
+    )
+    assert chunk_sizes(run) == [64 * MiB, MiB, MiB, 3 * MiB]
+    assert run["footprint_bytes"] == 5 * MiB
+
+
+def test_replay_engine_footprint_without_a_pool_is_the_live_bytes():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = chunked_trace()  # one thread: replayed in recorded order
+    run = rmm_fences_testing.host_replay(t, measure_footprint=True)
+    assert run["footprint_bytes"] == t.peak_live_bytes == run["trace_peak_live_bytes"]
+    assert run["fragmentation"] == 1.0
+
+
+def test_replay_engine_footprint_with_threads():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = synthetic(threads=4, per_thread=400, seed=5)
+    run = rmm_fences_testing.host_replay(t, pool_chunk_bytes=256 * KiB, measure_footprint=True)
+    chunks = chunk_sizes(run)
+    assert len(chunks) > 1
+    # the pool returns nothing while it lives: its footprint is every chunk it took
+    assert run["footprint_bytes"] == sum(chunks)
+    # it holds every live block at once, rounded to 256 bytes
+    assert run["footprint_bytes"] >= run["peak_live_bytes"] > 0
+    assert run["trace_peak_live_bytes"] == t.peak_live_bytes
+    assert run["fragmentation"] == pytest.approx(sum(chunks) / t.peak_live_bytes)
+
+
+def test_trace_peak_live_bytes_counts_a_free_as_its_allocation():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    # a log whose free names another size than its allocation (the replay frees the
+    # allocation's size; so does the trace's peak)
+    log = (
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,00:00:00.000001,allocate,0x10,1000,0\n"
+        "1,00:00:00.000002,free,0x10,10,0\n"
+        "1,00:00:00.000003,allocate,0x20,500,0\n"
+    )
+    t = read_allocation_log(io.StringIO(log))
+    assert t.peak_live_bytes == 1000
+    run = rmm_fences_testing.host_replay(t, measure_footprint=True)
+    assert run["trace_peak_live_bytes"] == 1000 == run["footprint_bytes"]
+    for trace in (synthetic(seed=9), read_allocation_log(io.StringIO(RMM_LOG))):
+        assert rmm_fences_testing.host_replay(trace)["trace_peak_live_bytes"] == (
+            trace.peak_live_bytes
+        )
+
+
+def test_with_footprint_puts_statistics_over_the_leaf():
+    from rmm_fences.bench import with_footprint
+    from rmm_fences.compose import SpecError, parse_spec
+
+    cases = {
+        "cuda": "statistics(cuda)",
+        "pool(cuda)": "pool(statistics(cuda))",
+        "rmm_pool(cuda, initial_pool_size=1GiB)": (
+            f"rmm_pool(statistics(cuda), initial_pool_size={1 << 30})"
+        ),
+        "sync_on_free(rmm_pool(cuda, initial_pool_size=0), mode=deferred)": (
+            "sync_on_free(rmm_pool(statistics(cuda), initial_pool_size=0), mode=deferred)"
+        ),
+        "tracking(pool(managed), on_hazard=record)": (
+            "tracking(pool(statistics(managed)), on_hazard=record)"
+        ),
+        # the replay reads a cuda_async leaf's memory pool; a statistics leaf layer stays one
+        "cuda_async": "cuda_async",
+        "pool(cuda_async)": "pool(cuda_async)",
+        "pool(statistics(cuda))": "pool(statistics(cuda))",
+        "statistics(pool(cuda))": "statistics(pool(statistics(cuda)))",
+    }
+    for spec, expected in cases.items():
+        assert with_footprint(spec) == expected, spec
+        assert with_footprint(parse_spec(spec)) == expected, spec
+        parse_spec(expected)  # a valid spec
+    with pytest.raises(SpecError, match="unknown resource"):
+        with_footprint("pool(cudaa)")
+
+
+def test_footprint_layer_is_the_bottom_of_the_chain():
+    import rmm
+
+    from rmm_fences.bench import footprint_layer
+
+    cuda = rmm.mr.CudaMemoryResource()  # none of these constructors calls CUDA
+    stats = rmm.mr.StatisticsResourceAdaptor(cuda)
+    assert footprint_layer(cuda) == ("none", None)
+    assert footprint_layer(stats) == ("statistics", stats)
+    top = rmm.mr.TrackingResourceAdaptor(stats)
+    assert footprint_layer(top) == ("statistics", stats)
+    lower = rmm.mr.StatisticsResourceAdaptor(cuda)
+    assert footprint_layer(rmm.mr.StatisticsResourceAdaptor(lower)) == ("statistics", lower)
+    # a statistics adaptor higher up counts what the layers under it were asked for
+    higher = rmm.mr.StatisticsResourceAdaptor(rmm.mr.TrackingResourceAdaptor(cuda))
+    assert footprint_layer(higher) == ("none", None)
+
+
+def test_replay_stats_stub_lists_the_engine_s_fields():
+    import ast
+    import pathlib
+
+    from rmm_fences._lib import _bench
+
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    stub = ast.parse((pathlib.Path(_bench.__file__).parent / "_bench.pyi").read_text())
+    (stats,) = [n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "ReplayStats"]
+    fields = {n.target.id for n in stats.body if isinstance(n, ast.AnnAssign)}
+    # the engine's result struct, as the harness returns it, and what replay() adds
+    engine = set(rmm_fences_testing.host_replay(chunked_trace())) - {"thread_starts", "calls"}
+    assert fields == engine | {"allocations_per_s", "footprint_source"}
 
 
 def test_replay_validates_before_any_cuda_call():

@@ -178,28 +178,14 @@ def _used_bytes() -> int:
     return total - free
 
 
-def train(
-    allocator: str,
-    model: str,
-    steps: int = 10,
-    batch: int | None = None,
-    warmup: int = 3,
-    seed: int = 0,
-) -> dict:
-    """``warmup`` + ``steps`` training steps of ``model`` under ``allocator``: the loss of every
-    step, the median step time (CUDA events), and device memory in use (peak of samples taken
-    after each forward and each step, minus what was in use before the model was built)."""
-    fences = choose(allocator)
+def model_and_loss(model: str, batch: int | None = None, seed: int = 0):
+    """``(net, loss_of, batch)``: ``model`` built on the GPU with random data of ``batch``
+    samples (default 8 for gpt2_small, 128 for resnet50; from a generator seeded ``seed + 1``),
+    and the function of no argument that computes its loss under bf16 autocast."""
     import torch
 
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    _seed(seed)
-    torch.cuda.init()
-    torch.cuda.synchronize()
-    base = _used_bytes()
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     if model == "gpt2_small":
         batch = batch or 8
@@ -226,6 +212,32 @@ def train(
                 out = net(data)
             return torch.nn.functional.cross_entropy(out.float(), target)
 
+    return net, loss_of, batch
+
+
+def train(
+    allocator: str,
+    model: str,
+    steps: int = 10,
+    batch: int | None = None,
+    warmup: int = 3,
+    seed: int = 0,
+) -> dict:
+    """``warmup`` + ``steps`` training steps of ``model`` under ``allocator``: the loss of every
+    step, the median step time (CUDA events), and device memory in use (peak of samples taken
+    after each forward and each step, minus what was in use before the model was built)."""
+    fences = choose(allocator)
+    import torch
+
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    _seed(seed)
+    torch.cuda.init()
+    torch.cuda.synchronize()
+    base = _used_bytes()
+    net, loss_of, batch = model_and_loss(model, batch, seed)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     losses, times, peak = [], [], 0
     for i in range(warmup + steps):

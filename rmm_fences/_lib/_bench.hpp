@@ -12,6 +12,7 @@
 
 #include <rmm/aligned.hpp>
 #include <rmm/detail/error.hpp>
+#include <rmm/mr/statistics_resource_adaptor.hpp>
 #include <rmm/resource_ref.hpp>
 
 #include <cuda/stream>
@@ -510,18 +511,86 @@ struct replay_resource {
 };
 
 /**
+ * @brief The footprint meter of replay_trace (see replay::no_footprint): what an rmm chain
+ * drew from the device at most, read at the bottom of the chain.
+ *
+ * With `pool` (the CUDA memory pool of a CudaAsync resource at the bottom): the pool's reserved
+ * bytes, its high watermark reset at `start()` (what it reserved then counts too). Else with
+ * `statistics` (an rmm statistics adaptor at the bottom): its bytes counter, a counter frame
+ * pushed at `start()` and popped by `peak()` (what the adaptor's top frame counted at
+ * `start()`, plus the frame's peak); the frame is popped on every path. Else nothing (0).
+ */
+class rmm_footprint {
+ public:
+  rmm_footprint(rmm::mr::statistics_resource_adaptor* statistics, cudaMemPool_t pool)
+    : statistics_{statistics}, pool_{pool}
+  {
+  }
+  rmm_footprint(rmm_footprint const&)            = delete;
+  rmm_footprint& operator=(rmm_footprint const&) = delete;
+  ~rmm_footprint()
+  {
+    if (pushed_) {
+      try {
+        (void)statistics_->pop_counters();
+      } catch (...) {  // the frame pushed by start() is there: nothing to report
+      }
+    }
+  }
+
+  void start()
+  {
+    if (pool_ != nullptr) {
+      std::uint64_t zero = 0;
+      RMM_CUDA_TRY(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &base_));
+      RMM_CUDA_TRY(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
+    } else if (statistics_ != nullptr) {
+      auto const before = statistics_->push_counters();
+      pushed_           = true;
+      base_             = static_cast<std::uint64_t>(std::max<std::int64_t>(before.first.value, 0));
+    }
+  }
+
+  std::uint64_t peak()
+  {
+    if (pool_ != nullptr) {
+      std::uint64_t high = 0;
+      std::uint64_t now  = 0;
+      RMM_CUDA_TRY(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &high));
+      RMM_CUDA_TRY(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &now));
+      return std::max({base_, high, now});
+    }
+    if (statistics_ != nullptr) {
+      pushed_           = false;
+      auto const popped = statistics_->pop_counters();
+      return base_ + static_cast<std::uint64_t>(std::max<std::int64_t>(popped.first.peak, 0));
+    }
+    return 0;
+  }
+
+ private:
+  rmm::mr::statistics_resource_adaptor* statistics_{};
+  cudaMemPool_t pool_{};
+  std::uint64_t base_{};
+  bool pushed_{false};
+};
+
+/**
  * @brief Replays `t` on `mr` (replay::run), `repeat` times, on the caller's device.
  *
  * Recorded stream `s` is `streams[s]` when `streams` is not empty. Otherwise one non-blocking
  * stream is created per recorded stream, except the handles 0, 1 and 2 in `recorded` (the
  * legacy default stream, cudaStreamLegacy, cudaStreamPerThread), which stay themselves; the
- * created streams are synchronized and destroyed before this returns.
+ * created streams are synchronized and destroyed before this returns. `statistics` and
+ * `pool`: the footprint meter's layer (see rmm_footprint; both null: none).
  */
 inline replay::result replay_trace(rmm::device_async_resource_ref mr,
                                    replay::trace const& t,
                                    std::vector<cudaStream_t> streams,
                                    std::vector<std::uintptr_t> const& recorded,
-                                   std::uint64_t repeat)
+                                   std::uint64_t repeat,
+                                   rmm::mr::statistics_resource_adaptor* statistics,
+                                   cudaMemPool_t pool)
 {
   std::vector<cudaStream_t> created;
   struct destroy_created {
@@ -550,7 +619,9 @@ inline replay::result replay_trace(rmm::device_async_resource_ref mr,
   int device = 0;
   RMM_CUDA_TRY(cudaGetDevice(&device));
   replay_resource resource{mr};
-  return replay::run(resource, t, refs, repeat, [device] { (void)cudaSetDevice(device); });
+  rmm_footprint footprint{statistics, pool};
+  return replay::run(
+    resource, t, refs, repeat, [device] { (void)cudaSetDevice(device); }, footprint);
 }
 
 }  // namespace rmm_fences::bench

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from rmm.pylibrmm.memory_resource import DeviceMemoryResource
 
@@ -63,7 +63,14 @@ class ReplayStats(TypedDict):
     skipped_frees: int
     leftovers: int
     peak_live_bytes: int
+    trace_peak_live_bytes: int
+    footprint_bytes: int | None
+    fragmentation: float | None
+    footprint_source: Literal["cuda_async_pool", "statistics", "none"]
 
+def footprint_layer(
+    mr: DeviceMemoryResource,
+) -> tuple[Literal["cuda_async_pool", "statistics", "none"], DeviceMemoryResource | None]: ...
 def replay(
     mr: DeviceMemoryResource, trace: Trace, *, streams: list[Any] | None = None, repeat: int = 1
 ) -> ReplayStats: ...

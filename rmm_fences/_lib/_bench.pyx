@@ -8,11 +8,18 @@ The native half of :mod:`rmm_fences.bench`, kept out of the resources module.
 from libc.stddef cimport size_t
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libcpp.vector cimport vector
-from cuda.bindings.cyruntime cimport cudaStream_t
+from cuda.bindings.cyruntime cimport cudaMemPool_t, cudaStream_t
 
 from rmm.librmm.cuda_stream_ref cimport stream_ref
-from rmm.librmm.memory_resource cimport device_async_resource_ref
-from rmm.pylibrmm.memory_resource._memory_resource cimport DeviceMemoryResource
+from rmm.librmm.memory_resource cimport (
+    device_async_resource_ref,
+    statistics_resource_adaptor,
+)
+from rmm.pylibrmm.memory_resource._memory_resource cimport (
+    CudaAsyncMemoryResource,
+    DeviceMemoryResource,
+    StatisticsResourceAdaptor,
+)
 from rmm.pylibrmm.stream cimport Stream
 
 from rmm_fences._lib._replay cimport c_make_trace, replay_result, replay_trace_t
@@ -23,6 +30,12 @@ from rmm_fences._sizes import parse_bytes
 
 cdef extern from "cuda.h" nogil:
     ctypedef void* CUfunction "CUfunction"
+
+
+# rmm's declaration of cuda_async_memory_resource leaves out pool_handle()
+cdef extern from "rmm/mr/cuda_async_memory_resource.hpp" nogil:
+    cdef cppclass cuda_async_pool_owner "rmm::mr::cuda_async_memory_resource":
+        cudaMemPool_t pool_handle() noexcept
 
 
 cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
@@ -76,7 +89,8 @@ cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
 
     replay_result c_replay_trace "rmm_fences::bench::replay_trace"(
         device_async_resource_ref mr, const replay_trace_t& trace, vector[cudaStream_t] streams,
-        const vector[uintptr_t]& recorded, uint64_t repeat) except +
+        const vector[uintptr_t]& recorded, uint64_t repeat,
+        statistics_resource_adaptor* statistics, cudaMemPool_t pool) except +
 
 
 def alloc_free_ns(DeviceMemoryResource mr not None, nbytes, size_t iterations=10000,
@@ -260,6 +274,34 @@ def threaded_stream_queries(query, size_t iterations, streams) -> float:
     return calls
 
 
+def footprint_layer(mr) -> tuple:
+    """The layer of ``mr``'s chain (followed down through ``get_upstream()``) whose draw
+    :func:`replay` reports as the chain's footprint, as ``(source, resource)``:
+
+    - ``("cuda_async_pool", r)``: the chain ends in ``r``, an ``rmm.mr.CudaAsyncMemoryResource``
+      or ``CudaAsyncViewMemoryResource``: the bytes its CUDA memory pool reserves;
+    - ``("statistics", r)``: the chain ends in ``r``, an ``rmm.mr.StatisticsResourceAdaptor``,
+      over one resource that takes no upstream (``cuda``, ``managed``, ...): the bytes it holds
+      from that resource (``rmm_fences.bench.with_footprint`` puts it there in a spec);
+    - ``("none", None)``: neither; the footprint is not measured. A statistics adaptor higher
+      up counts what the layers under it were asked for, not what they took from the device.
+    """
+    import rmm
+
+    chain = [mr]
+    while len(chain) < 256:
+        upstream = getattr(chain[-1], "get_upstream", None)
+        if upstream is None:
+            break
+        chain.append(upstream())
+    leaf = chain[-1]
+    if isinstance(leaf, (rmm.mr.CudaAsyncMemoryResource, rmm.mr.CudaAsyncViewMemoryResource)):
+        return "cuda_async_pool", leaf
+    if len(chain) >= 2 and isinstance(chain[-2], rmm.mr.StatisticsResourceAdaptor):
+        return "statistics", chain[-2]
+    return "none", None
+
+
 def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t repeat=1) -> dict:
     """Replays an allocation log (a ``Trace``, see ``rmm_fences.bench.read_allocation_log``)
     on ``mr``, timed in C++ without the GIL.
@@ -269,6 +311,12 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
     allocation happened. No memory is touched: this is the host cost of the calls, as in
     :func:`alloc_free_ns`. An allocation that throws is counted in ``errors`` and the replay
     goes on (its free is skipped). Blocks the log never frees are freed after the timing.
+
+    The footprint: the most bytes the chain held from the device at once during the replay (all
+    repetitions, what it held before included), read at the layer :func:`footprint_layer`
+    finds at the bottom of ``mr``'s chain (build the chain from
+    ``rmm_fences.bench.with_footprint(spec)`` to have one), against the trace's own peak of live
+    bytes.
 
     Parameters
     ----------
@@ -288,7 +336,12 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
     Returns a dict: ``seconds`` (timed, summed over the replays), ``allocations_per_s``
     (allocations + frees made, per timed second: rmm's replay benchmark reports only the time
     of a replay), ``allocations``, ``frees``, ``errors``, ``skipped_frees``, ``leftovers``
-    (sums over the replays) and ``peak_live_bytes`` (most bytes live at once, as replayed).
+    (sums over the replays), ``peak_live_bytes`` (most bytes live at once, as replayed: threads
+    interleave, so it may differ from the trace's), ``trace_peak_live_bytes`` (most bytes live
+    at once in the trace's recorded order), ``footprint_bytes`` (see above),
+    ``fragmentation`` (``footprint_bytes / trace_peak_live_bytes``) and ``footprint_source``
+    (the first item of :func:`footprint_layer`; with ``"none"``, ``footprint_bytes`` and
+    ``fragmentation`` are None).
     """
     if repeat == 0:
         raise ValueError("repeat must be positive, got 0")
@@ -306,13 +359,27 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
             raise ValueError(f"streams must hold one stream per recorded stream "
                              f"({recorded.size()}), got {len(streams)}")
         handles = _stream_handles(streams)
+    source, layer = footprint_layer(mr)
+    cdef statistics_resource_adaptor* c_statistics = NULL
+    cdef cudaMemPool_t c_pool = NULL
+    if source == "cuda_async_pool":
+        if isinstance(layer, CudaAsyncMemoryResource):
+            c_pool = (<cuda_async_pool_owner*>(
+                (<CudaAsyncMemoryResource>layer).c_obj.get())).pool_handle()
+        else:
+            c_pool = <cudaMemPool_t><uintptr_t>int(layer.pool_handle())
+    elif source == "statistics":
+        c_statistics = (<StatisticsResourceAdaptor>layer).c_obj.get()
     cdef replay_trace_t c_trace = c_make_trace(
         thread.shape[0], &thread[0], &action[0], &ident[0], &size[0], &stream[0],
         trace.threads, recorded.size())
     cdef replay_result r
     with nogil:
-        r = c_replay_trace(mr.get_mr(), c_trace, handles, recorded, repeat)
+        r = c_replay_trace(mr.get_mr(), c_trace, handles, recorded, repeat, c_statistics, c_pool)
     cdef dict out = r  # the struct's fields, by name
     calls = r.allocations + r.frees
     out["allocations_per_s"] = calls / r.seconds if r.seconds > 0 else 0.0
+    out["footprint_source"] = source
+    if source == "none":
+        out["footprint_bytes"] = out["fragmentation"] = None
     return out

@@ -65,8 +65,10 @@ struct event {
 /// A trace as the threads replay it: each recorded thread's events in recorded order.
 struct trace {
   std::vector<std::vector<event>> threads;
-  std::size_t ids{};      ///< allocation ids are 0 .. ids - 1
-  std::size_t streams{};  ///< recorded streams are 0 .. streams - 1
+  std::size_t ids{};                ///< allocation ids are 0 .. ids - 1
+  std::size_t streams{};            ///< recorded streams are 0 .. streams - 1
+  std::uint64_t peak_live_bytes{};  ///< most bytes live at once in recorded order (a free
+                                    ///< gives back its allocation's size)
 };
 
 /**
@@ -75,7 +77,8 @@ struct trace {
  *
  * Throws std::invalid_argument unless the log is one a replay can finish: every id is
  * allocated once, freed at most once and only after its allocation (in recorded order), and
- * every thread and stream index is below `threads` and `streams`.
+ * every thread and stream index is below `threads` and `streams`. Also sums the live bytes in
+ * recorded order: `peak_live_bytes`, the trace's own peak, whatever a replay interleaves.
  */
 inline trace make_trace(std::size_t events,
                         std::uint32_t const* thread,
@@ -96,6 +99,8 @@ inline trace make_trace(std::size_t events,
   auto const fail = [](std::size_t i, std::string const& what) {
     throw std::invalid_argument("event " + std::to_string(i) + ": " + what);
   };
+  std::vector<std::uint64_t> sizes(t.ids, 0);  // of each allocation, for its free
+  std::uint64_t live = 0;
   for (std::size_t i = 0; i < events; ++i) {
     if (thread[i] >= threads) { fail(i, "thread index out of range"); }
     if (stream[i] >= streams) { fail(i, "stream index out of range"); }
@@ -103,9 +108,13 @@ inline trace make_trace(std::size_t events,
     if (is_free[i] != 0) {
       if (state != 1) { fail(i, "free of an allocation that is not live"); }
       state = 2;
+      live -= sizes[id[i]];
     } else {
       if (state != 0) { fail(i, "allocation id allocated twice"); }
-      state = 1;
+      state        = 1;
+      sizes[id[i]] = size[i];
+      live += size[i];
+      t.peak_live_bytes = std::max(t.peak_live_bytes, live);
     }
     t.threads[thread[i]].push_back(event{id[i], size[i], stream[i], is_free[i] != 0});
   }
@@ -122,6 +131,26 @@ struct result {
   std::uint64_t skipped_frees{};    ///< frees of allocations that threw (not made)
   std::uint64_t leftovers{};        ///< allocations never freed in the log, freed after the timing
   std::uint64_t peak_live_bytes{};  ///< most bytes live at once as replayed (largest repetition)
+  std::uint64_t trace_peak_live_bytes{};  ///< most bytes live at once in the trace's recorded
+                                          ///< order (trace::peak_live_bytes)
+  std::uint64_t footprint_bytes{};        ///< most bytes the footprint meter's layer held at once
+                                          ///< during the replay, all repetitions, what it held
+                                          ///< before included (0: no meter)
+  double fragmentation{};  ///< footprint_bytes / trace_peak_live_bytes (0: no meter, or a
+                           ///< trace with nothing live)
+};
+
+/**
+ * @brief The meter of no footprint: `run` without one reports `footprint_bytes` 0.
+ *
+ * A footprint meter watches the layer a chain takes its memory from (the bottom of the chain):
+ * `start()` runs once before the first repetition, `peak()` once after the last (the leftovers
+ * freed), and returns the most bytes that layer held at once in between, what it held at
+ * `start()` included. Neither runs if the replay's checks throw first.
+ */
+struct no_footprint {
+  void start() {}
+  std::uint64_t peak() { return 0; }
 };
 
 /**
@@ -133,15 +162,19 @@ struct result {
  * allocation that throws is counted, the replay goes on and its free is skipped. Allocations
  * the log never frees are freed after each repetition, outside the timing, on their stream.
  *
+ * `footprint` (see no_footprint) measures what the chain drew from its bottom layer:
+ * `footprint_bytes`, and `fragmentation` = `footprint_bytes` / the trace's own peak of live bytes.
+ *
  * `Resource` has `void* allocate(Stream, std::size_t)` and
  * `void deallocate(Stream, void*, std::size_t)` (the latter must not throw), both thread-safe.
  */
-template <typename Resource, typename Stream, typename OnThread>
+template <typename Resource, typename Stream, typename OnThread, typename Footprint = no_footprint>
 result run(Resource& mr,
            trace const& t,
            std::vector<Stream> const& streams,
            std::uint64_t repeat,
-           OnThread on_thread)
+           OnThread on_thread,
+           Footprint&& footprint = Footprint{})
 {
   if (streams.size() < t.streams) {
     throw std::invalid_argument("replay: fewer streams than the trace records");
@@ -161,6 +194,8 @@ result run(Resource& mr,
   std::atomic<std::uint64_t> live_bytes{0};
   std::atomic<std::uint64_t> peak{0};
   result r;
+  r.trace_peak_live_bytes = t.peak_live_bytes;
+  footprint.start();
   for (std::uint64_t rep = 0; rep < repeat; ++rep) {
     for (auto& s : slots) {
       s.state.store(pending, std::memory_order_relaxed);
@@ -222,6 +257,11 @@ result run(Resource& mr,
       r.skipped_frees += c.skipped;
     }
     r.peak_live_bytes = std::max(r.peak_live_bytes, peak.load());
+  }
+  r.footprint_bytes = footprint.peak();
+  if (t.peak_live_bytes > 0) {
+    r.fragmentation =
+      static_cast<double>(r.footprint_bytes) / static_cast<double>(t.peak_live_bytes);
   }
   return r;
 }

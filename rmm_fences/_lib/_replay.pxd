@@ -19,6 +19,9 @@ cdef extern from "_replay.hpp" namespace "rmm_fences::bench::replay" nogil:
         uint64_t skipped_frees
         uint64_t leftovers
         uint64_t peak_live_bytes
+        uint64_t trace_peak_live_bytes
+        uint64_t footprint_bytes
+        double fragmentation
 
     replay_trace_t c_make_trace "rmm_fences::bench::replay::make_trace"(
         size_t events, const uint32_t* thread, const uint8_t* is_free, const uint64_t* id,

@@ -92,4 +92,9 @@ def host_replay(
     fail_size: int = 0,
     slow_size: int = 0,
     slow_us: int = 0,
+    *,
+    pool_chunk_bytes: int = 0,
+    pool_initial_bytes: int = 0,
+    measure_footprint: bool = False,
+    spike_bytes: int = 0,
 ) -> dict[str, Any]: ...

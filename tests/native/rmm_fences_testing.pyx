@@ -985,22 +985,41 @@ cdef extern from "rmm_fences_testing/host_replay.hpp" namespace "rmm_fences::tes
         vector[replay_call] calls
         uint64_t thread_starts
 
+    cdef cppclass host_replay_options:
+        size_t fail_size
+        size_t slow_size
+        uint64_t slow_us
+        size_t pool_chunk_bytes
+        size_t pool_initial_bytes
+        bool measure_footprint
+        size_t spike_bytes
+
     host_replay_run c_host_replay "rmm_fences::testing::host_replay"(
         const vector[uint32_t]&, const vector[uint8_t]&, const vector[uint64_t]&,
         const vector[uint64_t]&, const vector[uint32_t]&, size_t, const vector[uintptr_t]&,
-        uint64_t, size_t, size_t, uint64_t) nogil except +
+        uint64_t, const host_replay_options&) nogil except +
 
 
 def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
-                size_t slow_size=0, uint64_t slow_us=0) -> dict:
+                size_t slow_size=0, uint64_t slow_us=0, *, size_t pool_chunk_bytes=0,
+                size_t pool_initial_bytes=0, bint measure_footprint=False,
+                size_t spike_bytes=0) -> dict:
     """Replays ``trace`` (an ``rmm_fences.bench.Trace``) with the engine of
     ``rmm_fences.bench.replay`` (one real thread per recorded thread) on a malloc-backed host
-    resource that records its calls. ``streams``: the handle of each recorded stream (default:
-    100 + index). Allocations of ``fail_size`` bytes throw; allocations of ``slow_size`` bytes
-    sleep ``slow_us`` first.
+    resource that records its calls and counts the bytes it holds. ``streams``: the handle of
+    each recorded stream (default: 100 + index). Allocations of ``fail_size`` bytes throw;
+    allocations of ``slow_size`` bytes sleep ``slow_us`` first.
+
+    ``pool_chunk_bytes`` > 0: the replay runs on a host pool over that resource, which takes
+    chunks of that size (or of the request, if larger) and keeps freed blocks for requests of
+    their size (``pool_initial_bytes``: a chunk made before the replay). ``measure_footprint``:
+    the replay's footprint meter counts the bytes the recording resource holds.
+    ``spike_bytes``: allocated and freed on the recording resource before the replay (and
+    before the pool's initial chunk), a peak the footprint must leave out.
 
     Returns the engine's counters and ``calls``: ``(seq, "allocate" | "free", ptr, size,
-    stream)`` in call order; ``thread_starts``: how often the per-thread set-up ran.
+    stream)`` in call order (with a pool: its chunks); ``thread_starts``: how often the
+    per-thread set-up ran.
     """
     cdef vector[uint32_t] thread = trace.thread.tolist()
     cdef vector[uint8_t] is_free = trace.action.tolist()
@@ -1011,10 +1030,18 @@ def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
     if streams is None:
         streams = [100 + k for k in range(trace.streams)]
     cdef vector[uintptr_t] handles = streams
+    cdef host_replay_options options
+    options.fail_size = fail_size
+    options.slow_size = slow_size
+    options.slow_us = slow_us
+    options.pool_chunk_bytes = pool_chunk_bytes
+    options.pool_initial_bytes = pool_initial_bytes
+    options.measure_footprint = measure_footprint
+    options.spike_bytes = spike_bytes
     cdef host_replay_run run
     with nogil:
         run = c_host_replay(thread, is_free, ids, sizes, stream, threads, handles, repeat,
-                            fail_size, slow_size, slow_us)
+                            options)
     cdef dict out = run.result  # the engine's result struct, by field name
     out["thread_starts"] = run.thread_starts
     out["calls"] = [(c.seq, "free" if c.is_free else "allocate", c.ptr, c.size, c.stream)

@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Recorded allocation logs (asv_bench/traces/*.csv.gz, recorded on a GPU host by
+tools/record_traces.py) replayed through each chain by ``rmm_fences.bench.replay`` (one native
+thread per recorded thread, no GIL, no memory touched): allocations + frees per second, the
+footprint (the most bytes the chain held from the device: a statistics adaptor over the chain's
+leaf, or a CudaAsync leaf's memory pool) and the fragmentation (footprint / the trace's own peak
+of live bytes). Without a GPU or without a recorded trace every benchmark is skipped."""
+
+import pathlib
+
+from ._common import require_gpu
+
+TRACES_DIR = pathlib.Path(__file__).resolve().parents[1] / "traces"
+#: The parameter when no trace is recorded: its benchmarks skip.
+NO_TRACE = "no_trace_recorded"
+
+
+def trace_names(directory=TRACES_DIR):
+    """The recorded traces, by name (``<name>.csv.gz``), sorted; ``[NO_TRACE]`` when none."""
+    names = sorted(p.name[: -len(".csv.gz")] for p in pathlib.Path(directory).glob("*.csv.gz"))
+    return names or [NO_TRACE]
+
+
+#: The chains, as specs before ``rmm_fences.bench.with_footprint`` puts the statistics adaptor
+#: over their leaf. Not _common.CHAINS: the pools start empty here (no initial size), so that
+#: their footprint is what the trace made them take, not a size chosen in advance.
+SPECS = {
+    "rmm_fences_pool": "pool(cuda)",  # 64 MiB first, then doubling
+    "rmm_pool": "rmm_pool(cuda, initial_pool_size=0)",  # grows by the larger of request, size
+    "cuda_async": "cuda_async",  # footprint: the memory pool's reserved bytes
+    "arena": "arena(cuda, arena_size={arena_size})",  # its size taken at once: see arena_size
+    "sync_on_free_deferred": "sync_on_free(rmm_pool(cuda, initial_pool_size=0), mode=deferred)",
+    "tracking_pool": "tracking(pool(cuda), on_hazard=record)",
+}
+#: rmm's BinningMemoryResource over ``rmm_pool(cuda, initial_pool_size=0)``: fixed-size bins of
+#: 2^BINS[0] .. 2^BINS[1] bytes (each takes 128 blocks from the pool when made), larger
+#: allocations from the pool.
+BINS = (12, 20)
+CHAINS = [*SPECS, "binning"]
+
+
+def arena_size(trace):
+    """rmm's arena takes its whole size from its upstream when made: a power of two of at least
+    twice the trace's peak of live bytes and 256 MiB (its footprint is this, by construction)."""
+    need = max(2 * trace.peak_live_bytes, 256 << 20)
+    return 1 << (need - 1).bit_length()
+
+
+def make_chain(chain, trace):
+    """The chain ``chain`` for replaying ``trace``, with a layer that measures its footprint."""
+    from rmm_fences.bench import with_footprint
+    from rmm_fences.compose import compose
+
+    if chain == "binning":
+        import rmm
+
+        pool = compose(with_footprint("rmm_pool(cuda, initial_pool_size=0)"))
+        return rmm.mr.BinningMemoryResource(pool, *BINS)
+    return compose(with_footprint(SPECS[chain].format(arena_size=arena_size(trace))))
+
+
+_loaded = {}
+
+
+def load_trace(name):
+    from rmm_fences.bench import read_allocation_log
+
+    if name not in _loaded:
+        _loaded[name] = read_allocation_log(TRACES_DIR / f"{name}.csv.gz")
+    return _loaded[name]
+
+
+class Replay:
+    """One replay of a fresh chain gives the footprint and the fragmentation (the pools grow
+    here); the timed replays then run on that chain, warm."""
+
+    params = [trace_names(), CHAINS]
+    param_names = ["trace", "chain"]
+    timeout = 600
+    repeat_replays = 3
+
+    def setup(self, trace, chain):
+        require_gpu()
+        if trace == NO_TRACE:
+            raise NotImplementedError(
+                f"no allocation log in {TRACES_DIR}: record them on a GPU host with "
+                "tools/record_traces.py"
+            )
+        from rmm_fences.bench import replay
+
+        self.trace = load_trace(trace)
+        self.mr = make_chain(chain, self.trace)
+        self.first = replay(self.mr, self.trace)
+        if self.first["errors"]:  # out of memory: no number for a replay it could not finish
+            raise NotImplementedError(f"{chain}: {self.first['errors']} allocations failed")
+
+    def teardown(self, trace, chain):
+        self.mr = None
+
+    def track_allocations_per_s(self, trace, chain):
+        from rmm_fences.bench import replay
+
+        return replay(self.mr, self.trace, repeat=self.repeat_replays)["allocations_per_s"]
+
+    track_allocations_per_s.unit = "calls/s"
+
+    def track_footprint_mib(self, trace, chain):
+        return self.first["footprint_bytes"] / 2**20
+
+    track_footprint_mib.unit = "MiB"
+
+    def track_fragmentation(self, trace, chain):
+        return self.first["fragmentation"]
+
+    track_fragmentation.unit = "ratio"

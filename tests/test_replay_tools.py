@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The replay's asv benchmarks (asv_bench/benchmarks/replay.py) and the trace recorder
+(tools/record_traces.py) without a GPU: what can run here (imports, trace discovery, chain
+specs, cutting and compressing an rmm log) does."""
+
+import gzip
+import importlib
+import importlib.util
+import io
+import pathlib
+import sys
+
+import pytest
+from test_replay import RMM_LOG
+
+from rmm_fences.bench import Trace, read_allocation_log, with_footprint, write_allocation_log
+from rmm_fences.compose import parse_spec
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def asv_module(name):
+    """A module of asv_bench/benchmarks, imported as a package of its own (relative imports)."""
+    package = "rmm_fences_asv_benchmarks"
+    if package not in sys.modules:
+        root = ROOT / "asv_bench" / "benchmarks"
+        spec = importlib.util.spec_from_file_location(
+            package, root / "__init__.py", submodule_search_locations=[str(root)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[package] = module
+        spec.loader.exec_module(module)
+    return importlib.import_module(f"{package}.{name}")
+
+
+def recorder():
+    spec = importlib.util.spec_from_file_location(
+        "record_traces", ROOT / "tools" / "record_traces.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_asv_replay_finds_traces_or_none(tmp_path):
+    replay = asv_module("replay")
+    assert replay.trace_names(tmp_path) == [replay.NO_TRACE]
+    t = read_allocation_log(io.StringIO(RMM_LOG))
+    write_allocation_log(t, tmp_path / "b.csv.gz")
+    write_allocation_log(t, tmp_path / "a.csv.gz")
+    (tmp_path / "notes.json").write_text("{}")
+    assert replay.trace_names(tmp_path) == ["a", "b"]
+    assert replay.Replay.params[0] == replay.trace_names()
+    assert replay.Replay.param_names == ["trace", "chain"]
+
+
+def test_asv_replay_chains_measure_their_footprint_at_the_leaf():
+    replay = asv_module("replay")
+    assert replay.CHAINS == [
+        "rmm_fences_pool",
+        "rmm_pool",
+        "cuda_async",
+        "arena",
+        "sync_on_free_deferred",
+        "tracking_pool",
+        "binning",
+    ]
+    t = Trace.from_events([(0, "allocate", 0, 300 << 20, 0)])
+    size = replay.arena_size(t)
+    assert size == 1 << 30  # a power of two, at least twice the peak
+    assert replay.arena_size(Trace.from_events([(0, "allocate", 0, 8, 0)])) == 256 << 20
+    for name, spec in replay.SPECS.items():
+        measured = with_footprint(spec.format(arena_size=size))
+        tree = parse_spec(measured)
+        while tree.inner is not None and tree.inner.inner is not None:
+            tree = tree.inner
+        # the layer the replay reads: a statistics adaptor over the leaf, or a cuda_async leaf
+        assert tree.name == "statistics" or tree.name == "cuda_async", (name, measured)
+
+
+def test_asv_replay_skips_without_gpu_or_trace():
+    replay = asv_module("replay")
+    bench = replay.Replay()
+    with pytest.raises(NotImplementedError):
+        bench.setup(replay.NO_TRACE, "rmm_pool")
+
+
+def test_recorder_lists_its_workloads(capsys):
+    rec = recorder()
+    assert rec.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    for name in (
+        "reduce_1m",
+        "reduce_256m",
+        "dask_4gib",
+        "cupy_pipeline",
+        "torch_gpt2_small",
+        "torch_resnet50",
+    ):
+        assert name in listed and name in rec.WORKLOADS
+    with pytest.raises(SystemExit):
+        rec.main(["no_such_workload"])
+
+
+def test_recorder_cuts_and_compresses_an_rmm_log(tmp_path):
+    rec = recorder()
+    src = tmp_path / "log.dev0.csv"
+    src.write_text(RMM_LOG + "\n")
+    whole = rec.cut_and_compress(str(src), tmp_path / "all.csv.gz", 100)
+    assert whole == {"events_recorded": 7, "events_kept": 7, "cut": False}
+    assert gzip.decompress((tmp_path / "all.csv.gz").read_bytes()).decode() == RMM_LOG
+    ref = read_allocation_log(io.StringIO(RMM_LOG))
+    back = read_allocation_log(tmp_path / "all.csv.gz")
+    assert back.id.tolist() == ref.id.tolist() and back.failed_allocations == 1
+    cut = rec.cut_and_compress(str(src), tmp_path / "cut.csv.gz", 3)
+    assert cut == {"events_recorded": 7, "events_kept": 3, "cut": True}
+    t = read_allocation_log(tmp_path / "cut.csv.gz")
+    assert t.allocations == 2 and t.frees == 0 and t.failed_allocations == 1
+    # the same log, the same bytes (no time stamp in the gzip header)
+    rec.cut_and_compress(str(src), tmp_path / "again.csv.gz", 3)
+    assert (tmp_path / "again.csv.gz").read_bytes() == (tmp_path / "cut.csv.gz").read_bytes()
+    src.write_text("Thread,Time,Action\n1,2,3\n")
+    with pytest.raises(ValueError, match="header"):
+        rec.cut_and_compress(str(src), tmp_path / "bad.csv.gz", 3)
