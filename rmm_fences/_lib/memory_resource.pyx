@@ -250,7 +250,8 @@ class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
         frees wait for it (default 16; at least 1; 1: an event per free).
     max_batch_bytes : int or str, optional
         Deferred mode only: the event is also recorded once this many bytes wait for it
-        (default ``64MiB``, positive). ``None``: no byte limit.
+        (default 64 MiB, positive; ints or strings such as ``"64MiB"``). ``None``: no byte
+        limit.
 
     Notes
     -----
