@@ -593,6 +593,16 @@ class host_sync_on_free {
     std::atomic<bool> stop{false};
     std::atomic<bool> chaos_started{false};
     std::atomic<std::uint64_t> frees{0};
+    {
+      // The first calls of each kind fail whatever the scheduling: every mode meets faults.
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      for (int* fault : {&board_->fail_wait,
+                         &board_->fail_sync_device,
+                         &board_->fail_sync_stream,
+                         &board_->fail_record}) {
+        *fault = 2;
+      }
+    }
     std::vector<std::thread> threads;
     for (int t = 0; t < workers; ++t) {
       threads.emplace_back([&, t] {

@@ -107,11 +107,15 @@ class deferred_free_list {
     std::size_t bytes{};
   };
 
-  /**
-   * @brief Appends a block freed on `stream` (identity `stream_id`, or unknown) to its batch.
-   * @return the entry's sequence number
-   */
-  std::uint64_t push(stream_key stream, std::uint64_t stream_id, deferred_block block)
+  /// What `push` did: the entry's sequence number and its stream's batch with it.
+  struct pushed {
+    std::uint64_t seq{};
+    batch_size batch;
+    bool armable{};  ///< the stream has parked entries a fence on it could arm
+  };
+
+  /// Appends a block freed on `stream` (identity `stream_id`, or unknown) to its batch.
+  pushed push(stream_key stream, std::uint64_t stream_id, deferred_block block)
   {
     auto& q        = queue_of(stream);
     auto const seq = next_seq_;
@@ -120,7 +124,7 @@ class deferred_free_list {
     ++q.batched;
     q.batched_bytes += block.bytes;
     added(block.bytes);
-    return seq;
+    return {seq, batch_size{q.batched, q.batched_bytes}, q.armable > 0};
   }
 
   /**
@@ -302,7 +306,12 @@ class deferred_free_list {
         removed(it->block.bytes);
         drop_ref(ops, it->slot);
         out[out.size() - 1].slot = no_slot;
-        it                       = q.entries.erase(it);
+        if (it == q.entries.begin()) {  // the usual case, cheaper than a general erase
+          q.entries.pop_front();
+          it = q.entries.begin();
+        } else {
+          it = q.entries.erase(it);
+        }
         ++moved;
       }
     }

@@ -269,7 +269,7 @@ class sync_on_free_core {
     std::lock_guard<std::mutex> lock(mutex_);
     rmm_fences::mr::sync_on_free_stats s;
     s.syncs              = syncs_.load(std::memory_order_relaxed);
-    s.deferred           = deferred_.load(std::memory_order_relaxed);
+    s.deferred           = deferred_;
     s.released           = released_.load(std::memory_order_relaxed);
     s.oom_retries        = oom_retries_.load(std::memory_order_relaxed);
     s.parked             = parked_;
@@ -295,12 +295,6 @@ class sync_on_free_core {
     keep,         ///< leave the blocks as they are (a later call retries)
     park,         ///< park the batch: a device synchronization releases it
     sync_stream,  ///< synchronize the stream and free the batch; if that fails, park it
-  };
-
-  /// What became of the block freed in the call that recorded (`own_seq`).
-  struct fence_outcome {
-    bool own_synced{};  ///< released after a stream synchronization
-    bool own_parked{};  ///< parked: no fence, no synchronization
   };
 
   static batch_limits validated(batch_limits batch)
@@ -440,10 +434,11 @@ class sync_on_free_core {
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       auto const* known  = known_id(key);
-      own                = list_.push(key, known == nullptr ? unknown_stream : *known, block);
+      auto const pushed  = list_.push(key, known == nullptr ? unknown_stream : *known, block);
+      own                = pushed.seq;
       listed             = true;
-      auto const batch   = list_.batch(key);
-      bool const armable = list_.has_armable(key);
+      auto const& batch  = pushed.batch;
+      bool const armable = pushed.armable;
       over_cap = max_pending_bytes_.has_value() && list_.pending_bytes() > *max_pending_bytes_;
       record   = fence_now || known == nullptr || over_cap || armable ||
                  batch.count >= batch_.max_frees ||
@@ -452,7 +447,10 @@ class sync_on_free_core {
       // stream's identity, so that only blocks freed on this very stream get it.
       verify = known == nullptr || armable || batch.count > 1;
       before = list_.next_seq();
-      if (!record && poll_due()) { list_.release_ready(platform_, ready); }
+      if (!record) {
+        ++deferred_;
+        if (poll_due()) { list_.release_ready(platform_, ready); }
+      }
       list_changed(/*peak=*/!over_cap);
     } catch (...) {
       // Out of host memory: not listed (handled below), or listed and not polled.
@@ -461,19 +459,13 @@ class sync_on_free_core {
       settle_unlisted(stream, block);
       return;
     }
-    fence_outcome outcome;
-    buffer synced;
-    buffer oldest;
     if (record) {
-      outcome = fence_listed(stream, key, own, before, verify, rule, synced, &oldest, &ready);
+      buffer oldest;
+      fence_listed(stream, key, own, before, verify, rule, ready, &oldest, &ready);
+      settle_oldest(oldest);
+      release(oldest, stream);
     }
-    if (!outcome.own_synced && !outcome.own_parked) {
-      deferred_.fetch_add(1, std::memory_order_relaxed);
-    }
-    settle_oldest(oldest);
-    release(synced, stream);
     release(ready, stream);
-    release(oldest, stream);
   }
 
   /**
@@ -483,19 +475,19 @@ class sync_on_free_core {
    * `rule` applies.
    *
    * With `oldest`, blocks over the cap are taken out (oldest fences first) for the caller to
-   * wait on; with `ready`, blocks whose fence completed are taken out.
+   * wait on; with `ready`, blocks whose fence completed are taken out. The block `own_seq`
+   * counts as deferred unless the stream was synchronized for it or it was parked.
    */
-  fence_outcome fence_listed(stream_type stream,
-                             key_type key,
-                             std::uint64_t own_seq,
-                             std::uint64_t before,
-                             bool verify,
-                             no_fence_rule rule,
-                             buffer& synced,
-                             buffer* oldest,
-                             buffer* ready) noexcept
+  void fence_listed(stream_type stream,
+                    key_type key,
+                    std::uint64_t own_seq,
+                    std::uint64_t before,
+                    bool verify,
+                    no_fence_rule rule,
+                    buffer& synced,
+                    buffer* oldest,
+                    buffer* ready) noexcept
   {
-    fence_outcome outcome;
     auto const id  = verify ? platform_.stream_id(stream) : unknown_stream;
     auto fence     = record_fence(stream);
     bool synced_ok = false;
@@ -510,17 +502,19 @@ class sync_on_free_core {
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       note_id(key, id);
+      bool own_blocked = false;  // the stream was synchronized for it, or it was parked
       if (fence.has_value()) {
         // arm throws (no host memory) before changing anything: the fence goes back below
         if (list_.arm(key, id, own_seq, before, *fence) == 0) { platform_.release_fence(*fence); }
         fence.reset();
       } else if (synced_ok) {
-        outcome.own_synced = list_.take_synced(key, id, own_seq, before, synced);
+        own_blocked = list_.take_synced(key, id, own_seq, before, synced);
       } else if (rule != no_fence_rule::keep) {
         auto const [parked, own] = list_.park_unfenceable(key, id, own_seq, before);
         parked_ += parked;
-        outcome.own_parked = own;
+        own_blocked = own;
       }
+      if (own_seq != no_entry && !own_blocked) { ++deferred_; }
       if (oldest != nullptr && max_pending_bytes_.has_value() &&
           list_.pending_bytes() > *max_pending_bytes_) {
         list_.take_oldest_until(*max_pending_bytes_, *oldest);
@@ -532,7 +526,6 @@ class sync_on_free_core {
       // stays listed for a later call.
       if (fence.has_value()) { platform_.release_fence(*fence); }
     }
-    return outcome;
   }
 
   /// Records the fence of the batch (and of the armable parked blocks) of `stream`, if any.
@@ -548,7 +541,7 @@ class sync_on_free_core {
       return;
     }
     buffer none;
-    (void)fence_listed(
+    fence_listed(
       stream, key, no_entry, before, /*verify=*/true, no_fence_rule::keep, none, nullptr, nullptr);
   }
 
@@ -697,15 +690,15 @@ class sync_on_free_core {
     }
     if (arm) {
       buffer none;
-      (void)fence_listed(stream,
-                         key,
-                         no_entry,
-                         before,
-                         /*verify=*/true,
-                         no_fence_rule::keep,
-                         none,
-                         nullptr,
-                         nullptr);
+      fence_listed(stream,
+                   key,
+                   no_entry,
+                   before,
+                   /*verify=*/true,
+                   no_fence_rule::keep,
+                   none,
+                   nullptr,
+                   nullptr);
     }
     release(ready, stream);
   }
@@ -744,11 +737,11 @@ class sync_on_free_core {
   mutable std::mutex mutex_;
   list_type list_;                            // guarded by mutex_
   std::uint64_t parked_{};                    // guarded by mutex_
+  std::uint64_t deferred_{};                  // guarded by mutex_
   std::uint64_t peak_pending_bytes_{};        // guarded by mutex_
   pointer_map<std::uint64_t> ids_{64};        // guarded by mutex_: stream key + 1 -> identity
   std::atomic<std::size_t> pollable_hint_{};  // fenced + armable entries, read without the lock
   std::atomic<std::uint64_t> calls_{};        // calls that found something to test
-  std::atomic<std::uint64_t> deferred_{};
   std::atomic<std::uint64_t> syncs_{};
   std::atomic<std::uint64_t> released_{};
   std::atomic<std::uint64_t> oom_retries_{};
