@@ -554,12 +554,20 @@ def test_a_fence_shared_by_a_batch_is_recycled_once_after_its_last_block():
 # --- batches and CUDA errors ------------------------------------------------------------------
 
 
+def new_batch(h, count, free=None, stream=1):
+    """Fences `stream`'s first free (a stream's first free is fenced alone), then allocates
+    `count` blocks of 64 bytes on it and frees the first `free` of them (all by default): they
+    wait in the stream's batch. Returns the blocks."""
+    h.deallocate(h.allocate(64, stream=stream), 64, stream=stream)
+    ptrs = [h.allocate(64, stream=stream) for _ in range(count)]
+    for p in ptrs[:free]:
+        h.deallocate(p, 64, stream=stream)
+    return ptrs
+
+
 def test_failed_batch_record_synchronizes_the_stream_and_frees_the_batch():
     h = HostSyncOnFree("deferred", max_batch_frees=4, max_batch_bytes=None)
-    h.deallocate(h.allocate(64, stream=1), 64, stream=1)
-    ptrs = [h.allocate(64, stream=1) for _ in range(4)]
-    for p in ptrs[:3]:
-        h.deallocate(p, 64, stream=1)
+    ptrs = new_batch(h, 4, free=3)
     h.fail_next("record")
     assert h.deallocate(ptrs[3], 64, stream=1) is None
     assert set(ptrs) <= {r[0] for r in h.releases} and work_done_everywhere(h)
@@ -568,12 +576,8 @@ def test_failed_batch_record_synchronizes_the_stream_and_frees_the_batch():
 
 def test_failed_batch_record_and_sync_park_the_batch_until_a_device_sync():
     h = HostSyncOnFree("deferred", max_batch_frees=4, max_batch_bytes=None)
-    h.deallocate(h.allocate(64, stream=1), 64, stream=1)
-    h.signal_stream(1)
-    ptrs = [h.allocate(64, stream=1) for _ in range(4)]
+    ptrs = new_batch(h, 4, free=3)
     n = len(h.releases)  # host memory reuses addresses: look only at later releases
-    for p in ptrs[:3]:
-        h.deallocate(p, 64, stream=1)
     h.fail_next("record")
     h.fail_next("sync_stream")
     assert h.deallocate(ptrs[3], 64, stream=1) is None
@@ -591,10 +595,7 @@ def test_failed_batch_record_and_sync_park_the_batch_until_a_device_sync():
 
 def test_failed_query_keeps_a_batch_pending():
     h = HostSyncOnFree("deferred", max_batch_frees=2, max_batch_bytes=None)
-    h.deallocate(h.allocate(64, stream=1), 64, stream=1)
-    ptrs = [h.allocate(64, stream=1) for _ in range(2)]
-    for p in ptrs:
-        h.deallocate(p, 64, stream=1)
+    new_batch(h, 2)
     h.signal_stream(1)
     h.fail_next("query", 100)
     for _ in range(8):
@@ -626,10 +627,7 @@ def test_failed_wait_on_a_shared_fence_keeps_its_whole_batch_pending():
 
 def test_failed_identity_query_fences_only_the_block_of_the_call():
     h = HostSyncOnFree("deferred", max_batch_frees=3, max_batch_bytes=None)
-    h.deallocate(h.allocate(64, stream=1), 64, stream=1)
-    ptrs = [h.allocate(64, stream=1) for _ in range(4)]
-    for p in ptrs[:2]:
-        h.deallocate(p, 64, stream=1)
+    ptrs = new_batch(h, 4, free=2)
     h.fail_next("stream_id")
     h.deallocate(ptrs[2], 64, stream=1)  # cannot verify the stream: only its own block
     assert h.fence_of(ptrs[0]) is None and h.fence_of(ptrs[1]) is None
