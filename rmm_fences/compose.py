@@ -154,7 +154,12 @@ RESOURCES = {
             "sync_on_free",
             "rmm_fences.SyncOnFreeResourceAdaptor",
             True,
-            {"mode": ("deferred", "stream", "device"), "max_pending_bytes": "size"},
+            {
+                "mode": ("deferred", "stream", "device"),
+                "max_pending_bytes": "size",
+                "max_batch_frees": "int",
+                "max_batch_bytes": "size",
+            },
             True,
             doc="rmm_fences SyncOnFreeResourceAdaptor",
         ),

@@ -20,6 +20,12 @@ from rmm_fences.compose import RESOURCES, Spec, SpecError, parse_spec
             Spec("sync_on_free", Spec("naive_cache", Spec("cuda_async")), (("mode", "deferred"),)),
         ),
         (
+            "sync_on_free(cuda, max_batch_frees=4, max_batch_bytes=1MiB)",
+            Spec(
+                "sync_on_free", Spec("cuda"), (("max_batch_frees", 4), ("max_batch_bytes", 1 << 20))
+            ),
+        ),
+        (
             "pool(cuda, initial_pool_size=512MiB, maximum_pool_size='2GB')",
             Spec(
                 "pool",

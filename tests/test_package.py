@@ -126,6 +126,40 @@ def test_max_pending_bytes_type():
 
 
 @pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"max_batch_frees": 0}, ValueError, "max_batch_frees must be at least 1, got 0"),
+        ({"max_batch_frees": -4}, ValueError, "max_batch_frees must be at least 1, got -4"),
+        ({"max_batch_frees": 1.5}, TypeError, "max_batch_frees must be an int, got float"),
+        ({"max_batch_frees": "16"}, TypeError, "max_batch_frees must be an int, got str"),
+        ({"max_batch_frees": True}, TypeError, "max_batch_frees must be an int, got bool"),
+        ({"max_batch_frees": None}, TypeError, "max_batch_frees must be an int, got NoneType"),
+        ({"max_batch_bytes": 0}, ValueError, "max_batch_bytes must be positive or None"),
+        ({"max_batch_bytes": "0MiB"}, ValueError, "max_batch_bytes must be positive or None"),
+        ({"max_batch_bytes": -1}, ValueError, "max_batch_bytes must be non-negative"),
+        ({"max_batch_bytes": "lots"}, ValueError, "max_batch_bytes must be a size"),
+        ({"max_batch_bytes": 1.5}, TypeError, "max_batch_bytes must be an int or a size string"),
+    ],
+)
+def test_bad_batch_limits_name_the_argument(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        SyncOnFreeResourceAdaptor(rmm.mr.CudaMemoryResource(), **kwargs)
+
+
+def test_batch_limit_defaults_are_the_cores():
+    """The Python defaults are the C++ constants the host harness (the same core) uses, and the
+    numbers the stub and the docs give."""
+    import inspect
+
+    from rmm_fences_testing import HostSyncOnFree
+
+    params = inspect.signature(SyncOnFreeResourceAdaptor).parameters
+    core = HostSyncOnFree()
+    assert params["max_batch_frees"].default == core.max_batch_frees == 16
+    assert params["max_batch_bytes"].default == core.max_batch_bytes == 64 << 20
+
+
+@pytest.mark.parametrize(
     "text, nbytes",
     [
         (4096, 4096),

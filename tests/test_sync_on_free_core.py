@@ -5,6 +5,8 @@ The core under test is the one SyncOnFreeResourceAdaptor runs on the GPU; only t
 differs (a fence board instead of CUDA events, a byte-limited host allocator as upstream).
 """
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -21,27 +23,42 @@ from rmm_fences_testing import HostSyncOnFree
 STREAMS = st.sampled_from([1, 2, 3])  # 2: the per-thread default stream of each thread
 MODES = ("device", "stream", "deferred")
 FAULTS = ("query", "wait", "sync_device", "sync_stream", "record", "stream_id")
+# One fence per free, fences tested on every call: the rules that do not depend on batching,
+# checked call by call.
+PER_FREE = {"max_batch_frees": 1}
 
 
 class SyncOnFreeModel(RuleBasedStateMachine):
     """Random allocate / free / bad free / signal / capture / fault / flush sequences.
 
+    Batches of every size (one fence per free up to the default), with a byte limit or none,
+    and fences recycled as CUDA's event pool recycles events (a fence recorded again elsewhere
+    once the core gave it back) or not.
+
     Invariants: no block reaches the upstream before the work that used it completed (its
     fence signalled, or a successful wait or sync covered it); every freed block is either
     pending or released exactly once; no bad free reaches the upstream or changes anything;
-    the syncs counted are the syncs that succeeded; no identity query on a capturing stream.
+    the syncs counted are the syncs that succeeded, the fences counted the records made; no
+    identity query on a capturing stream; no fence tested, waited on or recorded after the
+    core gave it back.
     """
 
     @initialize(
         mode=st.sampled_from(MODES),
         cap=st.none() | st.integers(0, 6000),
         limit=st.sampled_from([1 << 40, 12000]),
+        batch_frees=st.sampled_from([1, 2, 3, 16]),
+        batch_bytes=st.sampled_from([None, 1500, 1 << 26]),
+        recycle=st.booleans(),
     )
-    def setup(self, mode, cap, limit):
+    def setup(self, mode, cap, limit, batch_frees, batch_bytes, recycle):
         HostSyncOnFree.set_thread(0)
         self.thread = 0
         self.mode, self.cap, self.limit = mode, cap, limit
-        self.h = HostSyncOnFree(mode, cap, limit)
+        self.h = HostSyncOnFree(
+            mode, cap, limit, max_batch_frees=batch_frees, max_batch_bytes=batch_bytes
+        )
+        self.h.recycle_fences = recycle
         self.live = {}  # allocation number -> (ptr, size); numbers keep draws reproducible
         self.allocations = 0
         self.pending = {}  # ptr -> (allocation number, size)
@@ -75,6 +92,11 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         self.live[self.allocations] = (ptr, size)
         self.allocations += 1
 
+    @rule(size=st.integers(1, 1000), stream=STREAMS, count=st.integers(2, 8))
+    def allocate_many(self, size, stream, count):
+        for _ in range(count):
+            self.allocate(size, stream)
+
     @precondition(lambda self: self.live)
     @rule(data=st.data(), stream=STREAMS)
     def free(self, data, stream):
@@ -85,6 +107,16 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         self.absorb()
         if fence is not None:
             assert ptr in self.pending
+
+    @precondition(lambda self: len(self.live) > 1)
+    @rule(stream=STREAMS)
+    def free_all_on_one_stream(self, stream):
+        """A run of consecutive frees on one stream: batches fill up."""
+        for num in sorted(self.live):
+            ptr, size = self.live.pop(num)
+            self.h.deallocate(ptr, size, stream)
+            self.pending[ptr] = (num, size)
+            self.absorb()
 
     @precondition(lambda self: self.pending or self.released)
     @rule(data=st.data(), stream=STREAMS)
@@ -169,7 +201,9 @@ class SyncOnFreeModel(RuleBasedStateMachine):
             return
         counts = self.h.board_counts
         assert self.h.stats["syncs"] == counts["waits_ok"] + counts["syncs_ok"]
+        assert self.h.stats["fences"] == counts["records"]
         assert counts["invalidated_captures"] == 0, "identity query on a capturing stream"
+        assert counts["released_fence_use"] == 0, "a fence was used after it was given back"
 
     def teardown(self):
         if not hasattr(self, "h"):
@@ -203,7 +237,7 @@ TestSyncOnFreeModel.settings = settings(
 
 
 def test_block_waits_for_its_fence_then_goes_upstream():
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", **PER_FREE)
     ptr = h.allocate(1000, stream=1)
     fence = h.deallocate(ptr, 1000, stream=1)
     assert fence is not None and h.pending_bytes == 1000 and h.releases == []
@@ -216,7 +250,7 @@ def test_block_waits_for_its_fence_then_goes_upstream():
 
 
 def test_fifo_per_stream_stops_at_first_unsignalled():
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", **PER_FREE)
     ptrs = [h.allocate(100, stream=1) for _ in range(4)]
     fences = [h.deallocate(p, 100, stream=1) for p in ptrs]
     h.signal(fences[1])  # stream order: signals fences 0 and 1
@@ -226,7 +260,7 @@ def test_fifo_per_stream_stops_at_first_unsignalled():
 
 
 def test_cap_waits_for_the_oldest_fences():
-    h = HostSyncOnFree("deferred", max_pending_bytes=250)
+    h = HostSyncOnFree("deferred", max_pending_bytes=250, **PER_FREE)
     ptrs = [h.allocate(100, stream=s) for s in (1, 2, 3)]
     for p, s in zip(ptrs, (1, 2, 3)):
         h.deallocate(p, 100, stream=s)
@@ -247,7 +281,7 @@ def test_oom_drains_pending_then_retries_once():
 
 
 def test_capture_parks_until_a_call_on_the_same_stream_outside_capture():
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", **PER_FREE)
     warm = h.allocate(64, stream=1)
     h.deallocate(warm, 64, stream=1)  # stream 1 seen outside capture: its identity is known
     h.signal_stream(1)
@@ -295,6 +329,333 @@ def test_failed_fence_record_falls_back_to_a_stream_sync():
     h.fail_next_record()
     assert h.deallocate(ptr, 64, stream=2) is None
     assert h.releases[-1][0] == ptr and h.stats["syncs"] == 1 and h.stats["deferred"] == 0
+
+
+# --- batches: consecutive frees on a stream share one fence -------------------------------
+
+
+def test_consecutive_frees_on_one_stream_share_a_fence():
+    h = HostSyncOnFree("deferred")  # the defaults: 16 frees per fence
+    n, k = 100, 16
+    for _ in range(n):
+        h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+    assert h.fence_count <= math.ceil(n / k)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 16])
+@pytest.mark.parametrize("n", [1, 7, 48, 100])
+def test_n_frees_record_at_most_ceil_n_over_k_fences(n, k):
+    h = HostSyncOnFree("deferred", max_batch_frees=k, max_batch_bytes=None)
+    for _ in range(n):
+        h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+        h.allocate(8, stream=1)  # allocations test fences, never record one
+    records = h.board_counts["records"]
+    assert records <= math.ceil(n / k)
+    assert h.stats["fences"] == records and h.stats["deferred"] == n
+    assert h.stats["released"] + h.pending_count == n
+    h.signal_stream(1)
+    for _ in range(k):
+        h.allocate(8, stream=1)  # one call in k tests the fences
+    assert h.pending_count <= k - 1  # only the batch without a fence yet waits
+
+
+def test_byte_limit_records_the_fence_of_a_batch():
+    h = HostSyncOnFree("deferred", max_batch_frees=1000, max_batch_bytes=1000)
+    for _ in range(21):
+        h.deallocate(h.allocate(300, stream=1), 300, stream=1)
+    # the stream's first free is fenced alone; then every 4th free (1200 >= 1000 bytes)
+    assert h.stats["fences"] == 1 + 5
+
+
+def test_a_batched_block_waits_for_a_fence_recorded_after_its_free():
+    h = HostSyncOnFree("deferred", max_batch_frees=4, max_batch_bytes=None)
+    ptrs = [h.allocate(100, stream=1) for _ in range(5)]
+    first = h.deallocate(ptrs[0], 100, stream=1)  # a new stream: fenced alone
+    assert first is not None
+    for p in ptrs[1:4]:
+        assert h.deallocate(p, 100, stream=1) is None  # batched: no fence yet
+    h.signal(first)  # completes the stream's work up to the first fence only
+    for _ in range(8):
+        h.allocate(8, stream=3)  # polls (one call in 4)
+    assert [r[0] for r in h.releases] == [ptrs[0]], "released on a fence recorded before its free"
+    fence = h.deallocate(ptrs[4], 100, stream=1)  # the 4th of the batch: its fence is recorded
+    assert fence is not None and all(h.fence_of(p) == fence for p in ptrs[1:])
+    assert h.fence(fence)["stream"] == 1 and h.stats["fences"] == 2
+    for _ in range(8):
+        h.allocate(8, stream=3)
+    assert len(h.releases) == 1
+    h.signal(fence)
+    for _ in range(8):
+        h.allocate(8, stream=3)
+    assert sorted(r[0] for r in h.releases) == sorted(ptrs) and work_done_everywhere(h)
+    assert h.forced_waits == 0 and h.stats["syncs"] == 0
+
+
+def test_out_of_memory_fences_the_calling_streams_batch_and_waits_for_it():
+    h = HostSyncOnFree("deferred", upstream_limit=1000, max_batch_frees=16)
+    first = h.allocate(100, stream=1)
+    h.deallocate(first, 100, stream=1)  # fenced alone (a new stream)
+    ptrs = [h.allocate(200, stream=1) for _ in range(4)]
+    for p in ptrs:
+        assert h.deallocate(p, 200, stream=1) is None  # batched, work still queued
+    records = h.board_counts["records"]
+    b = h.allocate(800, stream=1)  # needs memory: the batch gets its fence, waited on
+    assert b and h.stats["oom_retries"] == 1 and h.pending_count == 0
+    assert h.board_counts["records"] == records + 1
+    assert h.board_counts["syncs_ok"] == 0, "synchronized the device for a live stream's batch"
+    assert work_done_everywhere(h) and h.forced_waits >= 1
+
+
+def test_out_of_memory_on_another_stream_synchronizes_the_device_for_a_batch():
+    """A batch's fence is recorded only on its own stream, which may be gone: an allocation on
+    another stream that needs its memory synchronizes the device instead."""
+    h = HostSyncOnFree("deferred", upstream_limit=1000, max_batch_frees=16)
+    h.deallocate(h.allocate(100, stream=1), 100, stream=1)
+    ptrs = [h.allocate(200, stream=1) for _ in range(4)]
+    for p in ptrs:
+        h.deallocate(p, 200, stream=1)
+    records = h.board_counts["records"]
+    assert h.allocate(800, stream=3)
+    assert h.board_counts["records"] == records, "recorded on a stream it was not called with"
+    assert h.board_counts["syncs_ok"] == 1 and h.stats["oom_retries"] == 1
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+def test_out_of_memory_during_a_global_capture_keeps_the_batch_and_raises():
+    h = HostSyncOnFree("deferred", upstream_limit=1000, max_batch_frees=16)
+    h.deallocate(h.allocate(100, stream=1), 100, stream=1)
+    ptrs = [h.allocate(200, stream=1) for _ in range(4)]
+    for p in ptrs:
+        h.deallocate(p, 200, stream=1)
+    h.global_capture = True  # queries, waits and device syncs fail
+    with pytest.raises(MemoryError):
+        h.allocate(900, stream=3)
+    assert h.releases == [] and h.pending_count == 5
+    assert h.stats["syncs"] == 0 and h.stats["failed_syncs"] == 2  # the wait, the device sync
+    h.global_capture = False
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+def test_flush_fences_the_default_streams_batch_without_a_device_sync():
+    h = HostSyncOnFree("deferred", max_batch_frees=16)
+    for _ in range(5):
+        h.deallocate(h.allocate(64, stream=0), 64, stream=0)
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+    assert h.board_counts["syncs_ok"] == 0 and h.stats["fences"] == 2
+
+
+def test_cap_fences_the_calling_streams_batch_and_waits_for_the_oldest():
+    h = HostSyncOnFree("deferred", max_pending_bytes=250, max_batch_frees=16)
+    for _ in range(10):
+        h.deallocate(h.allocate(100, stream=1), 100, stream=1)
+        assert h.pending_bytes <= 250
+    assert h.stats["peak_pending_bytes"] <= 250
+    assert h.stats["syncs"] == h.forced_waits >= 1 and work_done_everywhere(h)
+    assert h.stats["released"] + h.pending_count == 10
+
+
+def test_cap_holds_across_streams_with_batches():
+    """The calling stream's batch is fenced when the total goes over the cap: the batches of
+    other streams, built while the total was under the cap, never keep it above."""
+    h = HostSyncOnFree("deferred", max_pending_bytes=450, max_batch_frees=16)
+    for i in range(60):
+        stream = (1, 3, 5, 3, 1)[i % 5]
+        size = 50 + 37 * (i % 4)
+        h.deallocate(h.allocate(size, stream=stream), size, stream=stream)
+        assert h.pending_bytes <= 450
+    assert h.stats["peak_pending_bytes"] <= 450 and work_done_everywhere(h)
+    assert h.stats["syncs"] == h.forced_waits >= 1
+
+
+def test_batches_are_per_stream():
+    h = HostSyncOnFree("deferred", max_batch_frees=3, max_batch_bytes=None)
+    blocks = {1: [], 3: []}
+    for i in range(12):
+        stream = 1 if i % 2 else 3
+        p = h.allocate(64, stream=stream)
+        h.deallocate(p, 64, stream=stream)
+        blocks[stream].append(p)
+    for stream, ptrs in blocks.items():
+        for p in ptrs:
+            fence = h.fence_of(p)
+            assert fence is None or h.fence(fence)["stream"] == stream
+    assert h.stats["fences"] <= 2 * math.ceil(6 / 3)
+    h.signal_stream(1)
+    for _ in range(6):
+        h.allocate(8, stream=1)
+    assert work_done_everywhere(h)
+    assert not set(blocks[3]) & {r[0] for r in h.releases}, "stream 3's work is still queued"
+
+
+def test_a_reused_handle_does_not_fence_the_old_streams_batch():
+    h = HostSyncOnFree("deferred", max_batch_frees=4, max_batch_bytes=None)
+    h.deallocate(h.allocate(64, stream=5), 64, stream=5)  # the stream's identity is noted
+    old = [h.allocate(64, stream=5) for _ in range(2)]
+    for p in old:
+        h.deallocate(p, 64, stream=5)  # batched on the old stream, its work queued
+    h.reuse_handle(5)  # destroyed; a new stream gets the handle
+    new = [h.allocate(64, stream=5) for _ in range(2)]
+    for p in new:
+        h.deallocate(p, 64, stream=5)  # the 4th of the batch: a fence on the new stream
+    assert all(h.fence_of(p) is None for p in old), "the new stream's fence covers old blocks"
+    h.signal_stream(5)  # the new stream completes
+    for _ in range(8):
+        h.allocate(8, stream=5)
+    assert not set(old) & {r[0] for r in h.releases} and work_done_everywhere(h)
+    h.flush()  # a device synchronization covers the old stream's blocks
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+def test_another_threads_per_thread_stream_does_not_fence_a_batch():
+    h = HostSyncOnFree("deferred", max_batch_frees=3, max_batch_bytes=None)
+    try:
+        HostSyncOnFree.set_thread(1)
+        mine = [h.allocate(64, stream=2) for _ in range(3)]
+        for p in mine[:2]:
+            h.deallocate(p, 64, stream=2)  # the first fenced alone, the second batched
+        HostSyncOnFree.set_thread(2)  # same handle, another thread's stream
+        for _ in range(6):
+            h.deallocate(h.allocate(64, stream=2), 64, stream=2)
+        h.signal_stream(2)  # thread 2's stream completes
+        for _ in range(6):
+            h.allocate(8, stream=2)
+        assert mine[1] not in {r[0] for r in h.releases}
+        assert h.fence_of(mine[1]) is None
+        HostSyncOnFree.set_thread(1)
+        h.deallocate(mine[2], 64, stream=2)
+        h.flush()
+        assert h.pending_count == 0 and work_done_everywhere(h)
+    finally:
+        HostSyncOnFree.set_thread(0)
+
+
+def test_one_identity_query_per_batch_not_per_free():
+    h = HostSyncOnFree("deferred", max_batch_frees=10, max_batch_bytes=None)
+    for _ in range(41):
+        h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+    # the first free, then one per batch record (it covers frees of earlier calls)
+    assert h.board_counts["identity_queries"] == 1 + 4 == h.stats["fences"]
+
+
+def test_a_fence_shared_by_a_batch_is_recycled_once_after_its_last_block():
+    h = HostSyncOnFree("deferred", max_batch_frees=4, max_pending_bytes=150)
+    h.recycle_fences = True
+    for _ in range(40):
+        h.deallocate(h.allocate(100, stream=1), 100, stream=1)
+        h.allocate(8, stream=1)
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+    assert h.board_counts["released_fence_use"] == 0
+    assert h.fence_count < h.stats["fences"]  # events were reused
+
+
+# --- batches and CUDA errors ------------------------------------------------------------------
+
+
+def new_batch(h, count, free=None, stream=1):
+    """Fences `stream`'s first free (a stream's first free is fenced alone), then allocates
+    `count` blocks of 64 bytes on it and frees the first `free` of them (all by default): they
+    wait in the stream's batch. Returns the blocks."""
+    h.deallocate(h.allocate(64, stream=stream), 64, stream=stream)
+    ptrs = [h.allocate(64, stream=stream) for _ in range(count)]
+    for p in ptrs[:free]:
+        h.deallocate(p, 64, stream=stream)
+    return ptrs
+
+
+def test_failed_batch_record_synchronizes_the_stream_and_frees_the_batch():
+    h = HostSyncOnFree("deferred", max_batch_frees=4, max_batch_bytes=None)
+    ptrs = new_batch(h, 4, free=3)
+    h.fail_next("record")
+    assert h.deallocate(ptrs[3], 64, stream=1) is None
+    assert set(ptrs) <= {r[0] for r in h.releases} and work_done_everywhere(h)
+    assert h.stats["syncs"] == 1 and h.stats["deferred"] == 4  # the last free blocked
+
+
+def test_failed_batch_record_and_sync_park_the_batch_until_a_device_sync():
+    h = HostSyncOnFree("deferred", max_batch_frees=4, max_batch_bytes=None)
+    ptrs = new_batch(h, 4, free=3)
+    n = len(h.releases)  # host memory reuses addresses: look only at later releases
+    h.fail_next("record")
+    h.fail_next("sync_stream")
+    assert h.deallocate(ptrs[3], 64, stream=1) is None
+    assert not set(ptrs) & {r[0] for r in h.releases[n:]}
+    assert h.stats["parked"] == 4 and h.stats["failed_syncs"] == 1 and h.stats["syncs"] == 0
+    for _ in range(4):  # later fences on the stream do not cover them: parked, unverifiable
+        h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+    h.signal_stream(1)
+    for _ in range(8):
+        h.allocate(8, stream=1)
+    assert not set(ptrs) & {r[0] for r in h.releases[n:]}
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+def test_failed_query_keeps_a_batch_pending():
+    h = HostSyncOnFree("deferred", max_batch_frees=2, max_batch_bytes=None)
+    new_batch(h, 2)
+    h.signal_stream(1)
+    h.fail_next("query", 100)
+    for _ in range(8):
+        h.allocate(8, stream=3)
+    assert h.releases == [] and h.pending_count == 3
+    h.fail_next("query", 0)
+    for _ in range(4):
+        h.allocate(8, stream=3)
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+def test_failed_wait_on_a_shared_fence_keeps_its_whole_batch_pending():
+    h = HostSyncOnFree("deferred", max_batch_frees=3, max_batch_bytes=None)
+    first = h.allocate(64, stream=1)
+    h.deallocate(first, 64, stream=1)
+    h.signal_stream(1)
+    ptrs = [h.allocate(64, stream=1) for _ in range(3)]
+    for p in ptrs:
+        h.deallocate(p, 64, stream=1)
+    h.fail_next("wait")
+    h.fail_next("sync_device")
+    h.flush()  # the batch's one fence: one wait, which fails; then the device sync fails
+    assert [r[0] for r in h.releases] == [first]
+    assert h.stats["failed_syncs"] == 2 and h.stats["syncs"] == 0
+    assert h.pending_count == 3
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+def test_failed_identity_query_fences_only_the_block_of_the_call():
+    h = HostSyncOnFree("deferred", max_batch_frees=3, max_batch_bytes=None)
+    ptrs = new_batch(h, 4, free=2)
+    h.fail_next("stream_id")
+    h.deallocate(ptrs[2], 64, stream=1)  # cannot verify the stream: only its own block
+    assert h.fence_of(ptrs[0]) is None and h.fence_of(ptrs[1]) is None
+    assert h.fence_of(ptrs[2]) is not None
+    h.deallocate(ptrs[3], 64, stream=1)  # verified now: the earlier blocks get this fence
+    assert h.fence_of(ptrs[0]) == h.fence_of(ptrs[1]) == h.fence_of(ptrs[3]) is not None
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+def test_a_free_in_capture_does_not_join_the_batch():
+    h = HostSyncOnFree("deferred", max_batch_frees=3, max_batch_bytes=None)
+    h.deallocate(h.allocate(64, stream=1), 64, stream=1)  # the stream's identity is noted
+    before = h.allocate(64, stream=1)
+    h.deallocate(before, 64, stream=1)  # batched
+    captured = h.allocate(64, stream=1)
+    h.begin_capture(1)
+    h.deallocate(captured, 64, stream=1)  # parked: its work runs when the graph is launched
+    records = h.board_counts["records"]
+    h.allocate(8, stream=1)
+    h.end_capture(1)
+    assert h.board_counts["records"] == records and h.stats["parked"] == 1
+    h.launch(1)  # the graph's launch, on the stream
+    h.deallocate(h.allocate(64, stream=1), 64, stream=1)
+    h.deallocate(h.allocate(64, stream=1), 64, stream=1)  # the batch is full: one fence
+    assert h.fence_of(before) == h.fence_of(captured) is not None
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
 
 
 # --- CUDA errors never count as work done ----------------------------------------------------
@@ -345,7 +706,7 @@ def test_failed_waits_in_the_oom_drain_release_nothing():
 
 
 def test_failed_query_is_not_ready():
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", **PER_FREE)
     ptr = h.allocate(64, stream=1)
     fence = h.deallocate(ptr, 64, stream=1)
     h.signal(fence)
@@ -433,7 +794,7 @@ def test_syncs_counted_are_syncs_that_succeeded():
 
 
 def test_another_threads_per_thread_stream_does_not_arm_a_parked_block():
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", **PER_FREE)
     HostSyncOnFree.set_thread(1)
     try:
         h.deallocate(h.allocate(64, stream=2), 64, stream=2)  # thread 1's stream: identity known
@@ -478,7 +839,7 @@ def test_a_reused_handle_does_not_arm_a_parked_block():
 
 
 def test_failed_record_while_arming_keeps_the_block_parked():
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", **PER_FREE)
     h.deallocate(h.allocate(64, stream=1), 64, stream=1)
     h.signal_stream(1)
     ptr = h.allocate(64, stream=1)
@@ -499,7 +860,7 @@ def test_failed_record_while_arming_keeps_the_block_parked():
 
 
 def test_one_identity_query_per_stream_not_per_free():
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", **PER_FREE)
     for _ in range(50):
         h.deallocate(h.allocate(64, stream=1), 64, stream=1)
     assert h.board_counts["identity_queries"] == 1
@@ -579,11 +940,18 @@ def test_null_and_zero_size_pass_through_untracked():
 # --- real threads -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_threads_race_frees_polls_flushes_captures_and_faults(mode):
+@pytest.mark.parametrize(
+    "mode, batch_frees",
+    [("device", 16), ("stream", 16), ("deferred", 1), ("deferred", 4), ("deferred", 16)],
+)
+def test_threads_race_frees_polls_flushes_captures_and_faults(mode, batch_frees):
     h = HostSyncOnFree(
-        mode, max_pending_bytes=64 << 10 if mode == "deferred" else None, upstream_limit=4 << 20
+        mode,
+        max_pending_bytes=64 << 10 if mode == "deferred" else None,
+        upstream_limit=4 << 20,
+        max_batch_frees=batch_frees,
     )
+    h.recycle_fences = True
     r = h.run_threads(workers=4, iterations=3000, random_state=7)
     assert r["frees"] > 1000
     assert r["unsafe_releases"] == 0, r
@@ -591,5 +959,6 @@ def test_threads_race_frees_polls_flushes_captures_and_faults(mode):
     assert r["pending_after_flush"] == 0 and r["lost"] == 0, r
     assert r["syncs_counted"] == r["syncs_succeeded"], r
     assert r["invalidated_captures"] == 0, r
+    assert r["released_fence_use"] == 0, r
     assert h.stats["failed_syncs"] > 0  # the faults were hit
     assert h.upstream_used == 0 and h.live_count == 0

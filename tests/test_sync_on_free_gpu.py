@@ -2,6 +2,7 @@
 """SyncOnFreeResourceAdaptor on a real GPU: free while in flight observed, then fixed."""
 
 import gc
+import math
 import threading
 
 import numpy as np
@@ -39,17 +40,21 @@ def test_sync_on_free_fixes_the_race(scenarios, rng, mode):
         NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode=mode
     )
     res = scenarios.race(mr, trials=200, rng=rng)
+    before_flush = mr.stats
     print(
         f"\nsync_on_free(naive_cache(cuda), mode={mode}): {res.corrupted}/{res.trials} "
         f"corrupted, median free {res.median_free_us:.1f} us, "
-        f"same address {res.same_address}"
+        f"same address {res.same_address}, {before_flush}"
     )
     assert res.corrupted == 0
     mr.flush()
     assert mr.pending_count == 0 and mr.pending_bytes == 0
     if mode == "deferred":
-        assert mr.stats["deferred"] >= 2 * res.trials
-        assert mr.stats["syncs"] == 0  # never blocked in deallocate
+        assert before_flush["deferred"] >= 2 * res.trials
+        assert before_flush["syncs"] == 0  # never blocked in deallocate
+        # frees on s1 and s2 share events: one per 16 frees on a stream, and the first free on
+        # each stream fenced alone
+        assert before_flush["fences"] <= 2 * (1 + math.ceil(res.trials / 16))
     else:
         assert mr.stats["syncs"] >= 2 * res.trials
 
@@ -102,6 +107,112 @@ def test_oom_drains_pending_frees_then_retries(cupy, scenarios, rng):
     with pytest.raises(MemoryError):
         mr.allocate(nbytes, rmm_stream(s2))  # nothing pending to drain: a real OOM
     mr.deallocate(b, nbytes, rmm_stream(s2))
+    mr.flush()
+    assert limiting.get_allocated_bytes() == 0
+
+
+def test_frees_on_one_stream_share_events_and_no_block_goes_early(cupy, scenarios, rng):
+    """24 blocks freed on s1 while slow kernels still read them; after each free the next
+    block of that size is taken on s2 and overwritten there (the naive cache hands a released
+    block out at once). Frees on s1 share events (max_batch_frees=4): at most ceil(24 / 4)
+    are recorded. A block released before its kernel ended would be overwritten under it:
+    every checksum must match its float64 reference."""
+    trials, k, nbytes, spin_ms = 24, 4, 1 << 20, 2.0
+    count = nbytes // 4
+    naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
+    mr = SyncOnFreeResourceAdaptor(naive, max_batch_frees=k, max_batch_bytes=None)
+    s1 = cupy.cuda.Stream(non_blocking=True)
+    s2 = cupy.cuda.Stream(non_blocking=True)
+    r1, r2 = rmm_stream(s1), rmm_stream(s2)
+    outs = cupy.zeros(trials, dtype=cupy.float64)
+    warm = cupy.zeros(1, dtype=cupy.float64)
+    probe = mr.allocate(nbytes, r1)  # loads the kernels' module before the timed part
+    scenarios.slow_checksum(probe, 16, 0.01, warm, s1, grid=1)
+    s1.synchronize()
+    mr.deallocate(probe, nbytes, r1)  # s1's first free: fenced alone
+    s1.synchronize()
+    refs, freed, taken = [], [], []
+    for i in range(trials):
+        host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
+        refs.append(host.astype(np.float64).sum())
+        a = mr.allocate(nbytes, r1)
+        scenarios.as_array(a, count, np.float32).set(host, stream=s1)
+        scenarios.slow_checksum(a, count, spin_ms, outs[i : i + 1], s1)
+        mr.deallocate(a, nbytes, r1)
+        freed.append(a)
+        b = mr.allocate(nbytes, r2)
+        scenarios.fill(b, count, int(rng.integers(1, 2**32)), s2)
+        taken.append(b)
+    stats = mr.stats
+    s1.synchronize()
+    s2.synchronize()
+    got = outs.get()
+    corrupted = sum(not np.isclose(g, r, rtol=1e-9, atol=1e-6) for g, r in zip(got, refs))
+    reused = sum(b in set(freed) for b in taken)
+    print(f"\nshared events: {corrupted}/{trials} corrupted, {reused} blocks reused, {stats}")
+    assert corrupted == 0, f"{corrupted}/{trials} checksums corrupted"
+    assert 1 + 1 <= stats["fences"] <= 1 + math.ceil(trials / k)  # the probe's, then batches
+    assert stats["deferred"] == trials + 1 and stats["syncs"] == 0
+    for b in taken:
+        mr.deallocate(b, nbytes, r2)
+    mr.flush()
+    assert mr.pending_count == 0 and naive.cached_bytes == naive.misses * nbytes
+
+
+def test_out_of_memory_fences_a_live_streams_batch_or_synchronizes_the_device(cupy, scenarios, rng):
+    """Blocks freed on s1 while slow kernels read them, most without an event yet (a batch).
+    An allocation on s2 that needs their memory cannot record on s1 (it may be gone): the
+    adaptor waits for the event it has and synchronizes the device. An allocation on s1
+    itself records the batch's event there and waits for it. Either way the retried
+    allocation is overwritten at once, and every kernel's checksum must match."""
+    nbytes, limit, spin_ms = 16 << 20, 64 << 20, 20.0
+    count = nbytes // 4
+    limiting = rmm.mr.LimitingResourceAdaptor(rmm.mr.CudaMemoryResource(), limit)
+    mr = SyncOnFreeResourceAdaptor(limiting)  # the defaults: 16 frees per event
+    s1 = cupy.cuda.Stream(non_blocking=True)
+    s2 = cupy.cuda.Stream(non_blocking=True)
+    r1, r2 = rmm_stream(s1), rmm_stream(s2)
+    outs = cupy.zeros(6, dtype=cupy.float64)
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    refs = []
+
+    def free_three_in_flight(first):
+        blocks = [mr.allocate(nbytes, r1) for _ in range(3)]
+        for j, a in enumerate(blocks):
+            host = rng.standard_normal(count, dtype=np.float32) + np.float32(1.0)
+            refs.append(host.astype(np.float64).sum())
+            scenarios.as_array(a, count, np.float32).set(host, stream=s1)
+            scenarios.slow_checksum(a, count, spin_ms, outs[first + j : first + j + 1], s1)
+        for a in blocks:
+            mr.deallocate(a, nbytes, r1)
+
+    free_three_in_flight(0)  # s1's first free is fenced alone; the other two wait in a batch
+    assert mr.stats["fences"] == 1 and mr.pending_bytes == 3 * nbytes
+    b = mr.allocate(2 * nbytes, r2)  # over the limit until the pending blocks went upstream
+    scenarios.fill(b, 2 * count, pattern=7, stream=s2)
+    scenarios.check(b, 2 * count, pattern=7, errors=errors, stream=s2)
+    assert mr.stats["oom_retries"] == 1 and mr.pending_count == 0
+    assert mr.stats["fences"] == 1  # nothing recorded on s1 by a call on s2
+    mr.deallocate(b, 2 * nbytes, r2)  # s2's first free: fenced alone
+    s2.synchronize()
+    mr.flush()
+    assert mr.pending_count == 0 and limiting.get_allocated_bytes() == 0
+
+    fences = mr.stats["fences"]
+    free_three_in_flight(3)  # s1 known now: all three wait in a batch, no event
+    assert mr.stats["fences"] == fences and mr.pending_bytes == 3 * nbytes
+    c = mr.allocate(2 * nbytes, r1)  # on s1: the batch's event is recorded, then waited for
+    scenarios.fill(c, 2 * count, pattern=9, stream=s2)  # overwritten on another stream
+    scenarios.check(c, 2 * count, pattern=9, errors=errors, stream=s2)
+    assert mr.stats["oom_retries"] == 2 and mr.pending_count == 0
+    assert mr.stats["fences"] == fences + 1
+    s1.synchronize()
+    s2.synchronize()
+    got = outs.get()
+    print(f"\nout of memory with batches: {got.tolist()} vs {refs}, {mr.stats}")
+    assert all(np.isclose(g, r, rtol=1e-9, atol=1e-6) for g, r in zip(got, refs))
+    assert int(errors.get()[0]) == 0
+    mr.deallocate(c, 2 * nbytes, r1)
     mr.flush()
     assert limiting.get_allocated_bytes() == 0
 
@@ -201,9 +312,13 @@ def test_sync_modes_have_the_right_surface():
     up = rmm.mr.CudaMemoryResource()
     mr = SyncOnFreeResourceAdaptor(up, mode="stream", max_pending_bytes="1KiB")
     assert mr.mode == "stream" and mr.max_pending_bytes == 1024
+    assert mr.max_batch_frees == 16 and mr.max_batch_bytes == 64 << 20
     assert mr.get_upstream() is up
-    assert set(mr.stats) >= {"syncs", "deferred", "released", "oom_retries"}
+    assert set(mr.stats) >= {"syncs", "deferred", "released", "oom_retries", "fences"}
     assert "SyncOnFreeResourceAdaptor(CudaMemoryResource(), mode='stream'" in repr(mr)
+    other = SyncOnFreeResourceAdaptor(up, max_batch_frees=3, max_batch_bytes=None)
+    assert other.max_batch_frees == 3 and other.max_batch_bytes is None
+    assert "max_batch_frees=3, max_batch_bytes=None" in repr(other)
 
 
 def _capture_elsewhere(cupy, scenarios, started, release, result):

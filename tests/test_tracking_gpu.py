@@ -78,8 +78,12 @@ def test_free_in_flight_over_the_naive_cache_is_reported_with_pointer_and_stream
 
 def _safe_chain(chain):
     if chain == "sync_on_free_deferred":
+        # One fence per free: a block goes upstream as soon as its own free's fence completed
+        # (the control below relies on the reuse at once).
         return SyncOnFreeResourceAdaptor(
-            NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode="deferred"
+            NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()),
+            mode="deferred",
+            max_batch_frees=1,
         )
     return StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
 

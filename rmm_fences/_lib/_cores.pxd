@@ -15,6 +15,7 @@ from libc.stddef cimport size_t
 from libc.stdint cimport uint64_t, uintptr_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
+from libcpp.optional cimport optional
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
@@ -24,6 +25,9 @@ cdef extern from "rmm_fences/mr/sync_mode.hpp" namespace "rmm_fences::mr" nogil:
         device
         stream
         deferred
+
+    const size_t default_max_batch_frees
+    const size_t default_max_batch_bytes
 
 
 cdef extern from "rmm_fences/mr/free_result.hpp" namespace "rmm_fences::mr" nogil:
@@ -54,6 +58,7 @@ cdef extern from "rmm_fences/mr/stats.hpp" namespace "rmm_fences::mr" nogil:
         uint64_t peak_pending_bytes
         uint64_t failed_syncs
         uint64_t rejected_frees
+        uint64_t fences
 
     cdef struct stream_ordered_pool_stats:
         uint64_t current_bytes
@@ -138,6 +143,30 @@ cdef inline sync_mode mode_from_name(object mode) except *:
         if mode == "deferred":
             return sync_mode.deferred
     raise ValueError(f"mode must be one of 'device', 'stream', 'deferred'; got {mode!r}")
+
+
+cdef inline size_t batch_frees_from(object max_batch_frees) except? 0:
+    """``max_batch_frees`` checked: an int of at least 1 (TypeError, ValueError otherwise)."""
+    # (bool is C++'s bool here: True and False are refused by identity)
+    if max_batch_frees is True or max_batch_frees is False or not isinstance(max_batch_frees, int):
+        raise TypeError(
+            f"max_batch_frees must be an int, got {type(max_batch_frees).__name__}")
+    if max_batch_frees < 1:
+        raise ValueError(f"max_batch_frees must be at least 1, got {max_batch_frees}")
+    return <size_t>max_batch_frees
+
+
+cdef inline optional[size_t] batch_bytes_from(object max_batch_bytes) except *:
+    """``max_batch_bytes`` checked: None (no byte limit), or a positive int or size string."""
+    cdef optional[size_t] out
+    if max_batch_bytes is None:
+        return out
+    from rmm_fences._sizes import parse_bytes
+    nbytes = parse_bytes(max_batch_bytes, "max_batch_bytes")
+    if nbytes == 0:
+        raise ValueError("max_batch_bytes must be positive or None (no byte limit), got 0")
+    out = <size_t>nbytes
+    return out
 
 
 cdef inline str free_problem(free_result r, size_t ptr, size_t nbytes):

@@ -18,6 +18,7 @@ class SyncOnFreeStats(TypedDict):
     peak_pending_bytes: int
     failed_syncs: int
     rejected_frees: int
+    fences: int
 
 class SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
     def __init__(
@@ -25,11 +26,17 @@ class SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         upstream_mr: DeviceMemoryResource,
         mode: SyncMode = "deferred",
         max_pending_bytes: int | str | None = None,
+        max_batch_frees: int = 16,
+        max_batch_bytes: int | str | None = 67108864,
     ) -> None: ...
     @property
     def mode(self) -> SyncMode: ...
     @property
     def max_pending_bytes(self) -> int | None: ...
+    @property
+    def max_batch_frees(self) -> int: ...
+    @property
+    def max_batch_bytes(self) -> int | None: ...
     @property
     def pending_bytes(self) -> int: ...
     @property

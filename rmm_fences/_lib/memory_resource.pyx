@@ -44,6 +44,10 @@ from rmm_fences._sizes import parse_bytes
 
 from rmm_fences._lib._cores cimport (
     allocation_fields,
+    batch_bytes_from,
+    batch_frees_from,
+    default_max_batch_bytes,
+    default_max_batch_frees,
     free_problem,
     hazard_fields,
     hazard_kind_names,
@@ -96,9 +100,12 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
     cdef object _max_pending_bytes
 
     def __cinit__(self, DeviceMemoryResource upstream_mr, mode="deferred",
-                  max_pending_bytes=None):
+                  max_pending_bytes=None, max_batch_frees=default_max_batch_frees,
+                  max_batch_bytes=default_max_batch_bytes):
         cdef sync_mode c_mode = mode_from_name(mode)
         cdef optional[size_t] c_cap
+        cdef size_t c_batch_frees = batch_frees_from(max_batch_frees)
+        cdef optional[size_t] c_batch_bytes = batch_bytes_from(max_batch_bytes)
         if max_pending_bytes is not None:
             self._max_pending_bytes = parse_bytes(max_pending_bytes, "max_pending_bytes")
             c_cap = <size_t>self._max_pending_bytes
@@ -107,16 +114,22 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
             any_resource[device_accessible](upstream_mr.get_mr()),
             c_mode,
             c_cap,
+            c_batch_frees,
+            c_batch_bytes,
         ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
-    def __init__(self, upstream_mr, mode="deferred", max_pending_bytes=None):
+    def __init__(self, upstream_mr, mode="deferred", max_pending_bytes=None,
+                 max_batch_frees=default_max_batch_frees,
+                 max_batch_bytes=default_max_batch_bytes):
         pass
 
     def __repr__(self):
         return (
             f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
-            f"mode={self.mode!r}, max_pending_bytes={self.max_pending_bytes!r})"
+            f"mode={self.mode!r}, max_pending_bytes={self.max_pending_bytes!r}, "
+            f"max_batch_frees={self.max_batch_frees!r}, "
+            f"max_batch_bytes={self.max_batch_bytes!r})"
         )
 
     @property
@@ -128,6 +141,19 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
     def max_pending_bytes(self):
         """The cap on pending bytes in deferred mode, or ``None``."""
         return self._max_pending_bytes
+
+    @property
+    def max_batch_frees(self) -> int:
+        """Deferred mode: the most frees on one stream that wait for one event before it is
+        recorded."""
+        return deref(self.c_obj).max_batch_frees()
+
+    @property
+    def max_batch_bytes(self):
+        """Deferred mode: the most bytes freed on one stream that wait for one event before it
+        is recorded, or ``None`` (no byte limit)."""
+        cdef optional[size_t] nbytes = deref(self.c_obj).max_batch_bytes()
+        return deref(nbytes) if nbytes.has_value() else None
 
     @property
     def pending_bytes(self) -> int:
@@ -193,12 +219,13 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
 
     @property
     def stats(self) -> dict:
-        """Counters: ``syncs`` (host waits that succeeded), ``deferred`` (frees that returned
-        at once), ``released`` (pending blocks handed upstream), ``oom_retries``, ``parked``
-        (frees listed without a fence: during stream capture, or when none could be recorded),
-        ``peak_pending_bytes``, ``failed_syncs`` (syncs and fence waits that failed: nothing
-        was released on them), ``rejected_frees`` (double frees, foreign pointers, size
-        mismatches)."""
+        """Counters: ``syncs`` (host waits that succeeded), ``deferred`` (frees listed to wait
+        for a fence, returned at once), ``released`` (pending blocks handed upstream),
+        ``oom_retries``, ``parked`` (frees listed without a fence: during stream capture, or
+        when none could be recorded), ``peak_pending_bytes``, ``failed_syncs`` (syncs and
+        fence waits that failed: nothing was released on them), ``rejected_frees`` (double
+        frees, foreign pointers, size mismatches), ``fences`` (events recorded: one per batch
+        of frees on a stream at most)."""
         return deref(self.c_obj).stats()
 
 
@@ -211,18 +238,30 @@ class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
         Receives each freed block once no device work can still use it.
     mode : {"deferred", "stream", "device"}
         ``"device"`` synchronizes the device before each free (what ``cudaFree`` does);
-        ``"stream"`` synchronizes the freeing stream; ``"deferred"`` (default) records an
-        event on the freeing stream and returns at once: the block goes upstream only after
-        the event completed, checked without blocking on every allocate and deallocate, and
-        by :meth:`flush`.
+        ``"stream"`` synchronizes the freeing stream; ``"deferred"`` (default) returns at
+        once: the block goes upstream only after an event recorded on the freeing stream
+        after the free completed, checked without blocking on allocate and deallocate calls,
+        and by :meth:`flush`. Consecutive frees on one stream share one event.
     max_pending_bytes : int or str, optional
         Deferred mode only: once more bytes than this are pending, wait for the oldest
         fences. Accepts ints or strings such as ``"1GiB"``. ``None`` (default): no cap.
+    max_batch_frees : int, optional
+        Deferred mode only: the event shared by a stream's frees is recorded once this many
+        frees wait for it (default 16; at least 1; 1: an event per free).
+    max_batch_bytes : int or str, optional
+        Deferred mode only: the event is also recorded once this many bytes wait for it
+        (default 64 MiB, positive; ints or strings such as ``"64MiB"``). ``None``: no byte
+        limit.
 
     Notes
     -----
-    If the upstream runs out of memory, every pending fence is waited on, those blocks go
-    upstream and the allocation is retried once before :class:`MemoryError` is raised.
+    A batch's event is recorded only during a call on the stream that freed it (that stream
+    may be destroyed once its free returned): the last frees on a stream that is not used
+    again go upstream after a device synchronization (:meth:`flush`, out of memory).
+    If the upstream runs out of memory, the calling stream's batch gets its event, every
+    pending fence is waited on (and the device synchronized for blocks without one), those
+    blocks go upstream and the allocation is retried once before :class:`MemoryError` is
+    raised.
     A failed query, wait or synchronization (another thread capturing in the global mode,
     say) never releases a block: it stays pending and is retried. During stream capture
     nothing is queried or synchronized on the capturing stream: its frees wait, unfenced,
@@ -239,9 +278,12 @@ class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
     >>> rmm.mr.set_current_device_resource(mr)
     """
 
-    def __new__(cls, upstream_mr, mode="deferred", max_pending_bytes=None):
+    def __new__(cls, upstream_mr, mode="deferred", max_pending_bytes=None,
+                max_batch_frees=default_max_batch_frees,
+                max_batch_bytes=default_max_batch_bytes):
         _check_upstream(upstream_mr)
-        return super().__new__(cls, upstream_mr, mode, max_pending_bytes)
+        return super().__new__(
+            cls, upstream_mr, mode, max_pending_bytes, max_batch_frees, max_batch_bytes)
 
 
 cdef class _NaiveCachingMemoryResource(UpstreamResourceAdaptor):

@@ -21,6 +21,10 @@ from libcpp.vector cimport vector
 from rmm_fences._lib._cores cimport (
     allocation_fields,
     allocation_record,
+    batch_bytes_from,
+    batch_frees_from,
+    default_max_batch_bytes,
+    default_max_batch_frees,
     free_problem,
     free_result,
     hazard_fields,
@@ -58,6 +62,9 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         uint64_t failed_calls
         uint64_t invalidated_captures
         uint64_t identity_queries
+        uint64_t records
+        uint64_t released_fence_use
+        bool recycle_fences
         fence_entry fence_at(size_t) except +
         void signal(size_t) except +
         void signal_stream(uintptr_t) except +
@@ -83,6 +90,8 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         size_t pending_bytes() except +
         size_t pending_count() except +
         size_t live_count() except +
+        size_t max_batch_frees()
+        optional[size_t] max_batch_bytes()
         sync_on_free_stats stats() except +
 
     cdef struct thread_run_result:
@@ -94,14 +103,16 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         uint64_t syncs_succeeded
         uint64_t invalidated_captures
         uint64_t pending_after_flush
+        uint64_t released_fence_use
 
     cdef cppclass host_sync_on_free:
-        host_sync_on_free(sync_mode, optional[size_t], size_t) except +
+        host_sync_on_free(sync_mode, optional[size_t], size_t, size_t, optional[size_t]) except +
         void* allocate(uintptr_t, size_t, size_t) except +MemoryError
         free_result deallocate(uintptr_t, void*, size_t, size_t, int64_t*) except +
         void deallocate_unchecked(uintptr_t, void*, size_t, size_t) except +
         size_t flush() except +
         void free_in_capture_after_next_device_sync(uintptr_t, void*, size_t) except +
+        int64_t fence_of(void*) except +
         thread_run_result run_threads(int, int, uint64_t) nogil except +
         core_type& core()
         fence_board& board()
@@ -116,22 +127,53 @@ cdef class HostSyncOnFree:
     Streams are handles (ints); handle 2 is the per-thread default stream, a different stream
     for each simulated thread (:meth:`set_thread`). Each free first launches "work" on its
     stream that uses the block; the upstream logs whether that work had completed when it got
-    the block back.
+    the block back. ``max_batch_frees`` and ``max_batch_bytes`` are the adaptor's (same
+    defaults, same checks).
     """
 
     cdef unique_ptr[host_sync_on_free] c_obj
 
-    def __cinit__(self, mode="deferred", max_pending_bytes=None, size_t upstream_limit=1 << 40):
+    def __cinit__(self, mode="deferred", max_pending_bytes=None, size_t upstream_limit=1 << 40,
+                  max_batch_frees=default_max_batch_frees,
+                  max_batch_bytes=default_max_batch_bytes):
         cdef optional[size_t] cap
+        cdef size_t c_batch_frees = batch_frees_from(max_batch_frees)
+        cdef optional[size_t] c_batch_bytes = batch_bytes_from(max_batch_bytes)
         if max_pending_bytes is not None:
             cap = <size_t>max_pending_bytes
-        self.c_obj.reset(new host_sync_on_free(mode_from_name(mode), cap, upstream_limit))
+        self.c_obj.reset(new host_sync_on_free(
+            mode_from_name(mode), cap, upstream_limit, c_batch_frees, c_batch_bytes))
+
+    @property
+    def max_batch_frees(self) -> int:
+        return deref(self.c_obj).core().max_batch_frees()
+
+    @property
+    def max_batch_bytes(self):
+        cdef optional[size_t] nbytes = deref(self.c_obj).core().max_batch_bytes()
+        return deref(nbytes) if nbytes.has_value() else None
+
+    def fence_of(self, uintptr_t ptr):
+        """The fence the pending block at ``ptr`` waits for, or None (no fence recorded for it
+        yet, or not pending)."""
+        cdef int64_t f = deref(self.c_obj).fence_of(<void*>ptr)
+        return None if f < 0 else f
+
+    @property
+    def recycle_fences(self) -> bool:
+        """Released fences are handed out again (as CUDA's event pool does)."""
+        return deref(self.c_obj).board().recycle_fences
+
+    @recycle_fences.setter
+    def recycle_fences(self, bool value) -> None:
+        deref(self.c_obj).board().recycle_fences = value
 
     def allocate(self, size_t nbytes, uintptr_t stream=0, size_t alignment=256) -> int:
         return <uintptr_t>deref(self.c_obj).allocate(stream, nbytes, alignment)
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, uintptr_t stream=0, size_t alignment=256):
-        """Free (checked); returns the id of the fence the block waits for, or None.
+        """Free (checked); returns the id of the fence the block waits for, or None (released,
+        parked, or in a batch whose fence is not recorded yet).
 
         Raises ValueError, as the GPU adaptor does, on a rejected free.
         """
@@ -254,6 +296,8 @@ cdef class HostSyncOnFree:
             "failed_calls": b.failed_calls,
             "invalidated_captures": b.invalidated_captures,
             "identity_queries": b.identity_queries,
+            "records": b.records,
+            "released_fence_use": b.released_fence_use,
         }
 
     @property

@@ -22,9 +22,11 @@ namespace rmm_fences::mr {
  * @brief Makes freeing safe while kernels may still use the block, over any upstream.
  *
  * `sync_mode::device` synchronizes the device before each free (what cudaFree does),
- * `sync_mode::stream` synchronizes the freeing stream, and `sync_mode::deferred` records an
- * event on the freeing stream and hands the block to the upstream only once the event completed,
- * never blocking the host in `deallocate`.
+ * `sync_mode::stream` synchronizes the freeing stream, and `sync_mode::deferred` hands the block
+ * to the upstream only once an event recorded on the freeing stream after the free completed,
+ * never blocking the host in `deallocate`. Consecutive deferred frees on one stream share one
+ * event, recorded once `max_batch_frees` frees or `max_batch_bytes` bytes are waiting for it
+ * (and whenever the adaptor needs the blocks back).
  *
  * Copyable: copies share one state (`cuda::mr::shared_resource`).
  */
@@ -46,15 +48,24 @@ class sync_on_free_resource_adaptor
    * @param mode when a freed block may go upstream
    * @param max_pending_bytes in deferred mode, the most bytes left pending before the oldest
    * fences are waited on; no cap when empty
+   * @param max_batch_frees in deferred mode, the most frees on one stream that wait for one
+   * event before it is recorded (at least 1; 1: an event per free)
+   * @param max_batch_bytes in deferred mode, the most bytes freed on one stream that wait for
+   * one event before it is recorded (positive); no byte limit when empty
+   * @throws std::invalid_argument when `max_batch_frees` or `max_batch_bytes` is 0
    */
   explicit sync_on_free_resource_adaptor(
     cuda::mr::any_resource<cuda::mr::device_accessible> upstream,
     sync_mode mode                               = sync_mode::deferred,
-    std::optional<std::size_t> max_pending_bytes = std::nullopt)
+    std::optional<std::size_t> max_pending_bytes = std::nullopt,
+    std::size_t max_batch_frees                  = default_max_batch_frees,
+    std::optional<std::size_t> max_batch_bytes   = default_max_batch_bytes)
     : shared_base(cuda::std::in_place_type<detail::sync_on_free_resource_adaptor_impl>,
                   std::move(upstream),
                   mode,
-                  max_pending_bytes)
+                  max_pending_bytes,
+                  max_batch_frees,
+                  max_batch_bytes)
   {
   }
 
@@ -72,6 +83,9 @@ class sync_on_free_resource_adaptor
   [[nodiscard]] sync_mode mode() const noexcept { return get().mode(); }
   [[nodiscard]] std::optional<std::size_t> max_pending_bytes() const noexcept
   { return get().max_pending_bytes(); }
+  [[nodiscard]] std::size_t max_batch_frees() const noexcept { return get().max_batch_frees(); }
+  [[nodiscard]] std::optional<std::size_t> max_batch_bytes() const noexcept
+  { return get().max_batch_bytes(); }
   /// Bytes freed by the caller that did not reach the upstream yet.
   [[nodiscard]] std::size_t pending_bytes() const { return get().pending_bytes(); }
   /// Freed blocks that did not reach the upstream yet.

@@ -8,8 +8,10 @@
  * per-thread default stream handle for every thread), work that completes in stream order,
  * stream capture, and faults: a fence query, fence wait, device or stream synchronization,
  * fence record or identity query that fails, and "another thread captures in the global mode",
- * which makes every query, wait and synchronization fail. Every call is thread-safe, so real
- * threads can drive the core.
+ * which makes every query, wait and synchronization fail. Fences can be recycled as CUDA's
+ * pooled events are (`recycle_fences`): a fence released by the core is handed out again and
+ * recorded elsewhere, and any test or wait of a released fence is counted. Every call is
+ * thread-safe, so real threads can drive the core.
  */
 #pragma once
 
@@ -60,6 +62,7 @@ struct fence_board {
     std::uint64_t position{};
     bool recorded{};
     bool signalled{};  ///< filled by `fence_at`
+    bool released{};   ///< given back by the core (in the free list when recycling)
   };
   struct stream_state {
     std::uint64_t enqueued{};
@@ -84,6 +87,10 @@ struct fence_board {
   int fail_stream_id{};
   bool global_capture{};
 
+  /// Released fences are handed out again by `acquire_fence` (as CUDA's event pool does).
+  bool recycle_fences{};
+  std::vector<std::size_t> free_fences;
+
   // What happened.
   std::uint64_t forced_waits{};
   std::uint64_t waits_ok{};
@@ -91,6 +98,8 @@ struct fence_board {
   std::uint64_t failed_calls{};
   std::uint64_t invalidated_captures{};  ///< identity queries made on a capturing stream
   std::uint64_t identity_queries{};
+  std::uint64_t records{};             ///< fences recorded (successful records)
+  std::uint64_t released_fence_use{};  ///< tests, waits or releases of a released fence
 
   /// Runs once right after the next successful device synchronization (another thread's call
   /// that lands after the sync covered everything).
@@ -222,6 +231,7 @@ class host_platform {
   [[nodiscard]] bool ready(fence_type f) const
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    note_use(f);
     if (board_->fails(board_->fail_query)) { return false; }
     return board_->fence_at(f).signalled;
   }
@@ -229,6 +239,7 @@ class host_platform {
   bool host_wait(fence_type f)
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    note_use(f);
     if (board_->fails(board_->fail_wait)) { return false; }
     if (!board_->fence_at(f).signalled) { ++board_->forced_waits; }
     board_->signal(f);
@@ -239,11 +250,23 @@ class host_platform {
   fence_type acquire_fence()
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    if (board_->recycle_fences && !board_->free_fences.empty()) {
+      auto const f = board_->free_fences.back();
+      board_->free_fences.pop_back();
+      board_->fences.at(f).released = false;
+      return f;
+    }
     board_->fences.push_back({});
     return board_->fences.size() - 1;
   }
 
-  void release_fence(fence_type) noexcept {}
+  void release_fence(fence_type f) noexcept
+  {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    note_use(f);
+    board_->fences.at(f).released = true;
+    if (board_->recycle_fences) { board_->free_fences.push_back(f); }
+  }
 
   bool record(fence_type f, stream_type stream) noexcept
   {
@@ -253,11 +276,13 @@ class host_platform {
     auto const id = board_->resolve(stream);
     auto& s       = board_->streams[id];
     ++s.enqueued;
+    note_use(f);
     auto& fence     = board_->fences.at(f);
     fence.stream    = stream;
     fence.stream_id = id;
     fence.position  = s.enqueued;
     fence.recorded  = true;
+    ++board_->records;
     return true;
   }
 
@@ -316,6 +341,12 @@ class host_platform {
   static stream_type default_stream() noexcept { return 0; }
 
  private:
+  /// Counts a call on a fence the core had given back (caller holds the board's lock).
+  void note_use(fence_type f) const
+  {
+    if (board_->fences.at(f).released) { ++board_->released_fence_use; }
+  }
+
   std::shared_ptr<fence_board> board_;
 };
 
@@ -454,6 +485,7 @@ struct thread_run_result {
   std::uint64_t syncs_succeeded{};
   std::uint64_t invalidated_captures{};
   std::uint64_t pending_after_flush{};
+  std::uint64_t released_fence_use{};  ///< tests, waits or records of a fence given back
 };
 
 /**
@@ -465,9 +497,15 @@ class host_sync_on_free {
  public:
   host_sync_on_free(rmm_fences::mr::sync_mode mode,
                     std::optional<std::size_t> max_pending_bytes,
-                    std::size_t upstream_limit)
+                    std::size_t upstream_limit,
+                    std::size_t max_batch_frees,
+                    std::optional<std::size_t> max_batch_bytes)
     : board_{std::make_shared<fence_board>()},
-      core_{host_upstream{upstream_limit, board_}, mode, max_pending_bytes, board_}
+      core_{host_upstream{upstream_limit, board_},
+            mode,
+            max_pending_bytes,
+            rmm_fences::mr::detail::batch_limits{max_batch_frees, max_batch_bytes},
+            board_}
   {
   }
 
@@ -477,7 +515,8 @@ class host_sync_on_free {
   /**
    * @brief Launches work that uses `ptr` on `stream`, then frees it (checked).
    *
-   * `fence_out`: the fence the block now waits for, or -1 (released, or parked).
+   * `fence_out`: the fence the block now waits for, or -1 (released, parked, or in a batch
+   * whose fence is not recorded yet).
    */
   rmm_fences::mr::free_result deallocate(std::uintptr_t stream,
                                          void* ptr,
@@ -486,13 +525,8 @@ class host_sync_on_free {
                                          std::int64_t* fence_out,
                                          bool checked = true)
   {
-    auto const p            = reinterpret_cast<std::uintptr_t>(ptr);
-    auto const noted        = core_.upstream().note_last_use(p, board_->launch(stream));
-    std::size_t first_fence = 0;
-    {
-      std::lock_guard<std::recursive_mutex> lock(board_->m);
-      first_fence = board_->fences.size();
-    }
+    auto const p     = reinterpret_cast<std::uintptr_t>(ptr);
+    auto const noted = core_.upstream().note_last_use(p, board_->launch(stream));
     rmm_fences::mr::free_result r{};
     if (checked) {
       r = core_.deallocate_checked(stream, ptr, bytes, align);
@@ -504,20 +538,15 @@ class host_sync_on_free {
                           r.check == rmm_fences::mr::free_check::pending ||
                           r.check == rmm_fences::mr::free_check::size_mismatch;
     if (rejected && noted) { core_.upstream().forget_last_use(p); }
-    *fence_out = -1;
-    if (!rejected && is_pending(ptr)) {
-      std::lock_guard<std::recursive_mutex> lock(board_->m);
-      auto const id = board_->resolve(stream);
-      // The block's own fence is the first recorded during the call (arming comes after).
-      for (auto i = first_fence; i < board_->fences.size(); ++i) {
-        auto const& f = board_->fences[i];
-        if (f.recorded && f.stream_id == id) {
-          *fence_out = static_cast<std::int64_t>(i);
-          break;
-        }
-      }
-    }
+    *fence_out = fence_of(ptr);
     return r;
+  }
+
+  /// The fence the pending block at `ptr` waits for, or -1 (none yet, or not pending).
+  std::int64_t fence_of(void* ptr) const
+  {
+    auto const f = core_.fence_of(ptr);
+    return f.has_value() ? static_cast<std::int64_t>(*f) : -1;
   }
 
   /// The noexcept `deallocate` (reports a bad free on stderr), without the harness's bookkeeping.
@@ -562,10 +591,26 @@ class host_sync_on_free {
   thread_run_result run_threads(int workers, int iterations, std::uint64_t random_state)
   {
     std::atomic<bool> stop{false};
+    std::atomic<bool> chaos_started{false};
     std::atomic<std::uint64_t> frees{0};
+    {
+      // The first calls of each kind fail whatever the scheduling: every mode meets faults.
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      for (int* fault : {&board_->fail_wait,
+                         &board_->fail_sync_device,
+                         &board_->fail_sync_stream,
+                         &board_->fail_record}) {
+        *fault = 2;
+      }
+    }
     std::vector<std::thread> threads;
     for (int t = 0; t < workers; ++t) {
       threads.emplace_back([&, t] {
+        // The workers start once the chaos runs: on a machine with few cores they could
+        // otherwise finish before it injected anything.
+        while (!chaos_started.load()) {
+          std::this_thread::yield();
+        }
         host_thread = 100 + t;
         std::mt19937_64 rng(random_state * 7919 + t);
         std::uintptr_t const own = 1000 + t;
@@ -610,27 +655,31 @@ class host_sync_on_free {
       std::mt19937_64 rng(random_state);
       while (!stop.load()) {
         auto const r = rng() % 100;
-        std::lock_guard<std::recursive_mutex> lock(board_->m);
-        if (board_->streams.empty()) { continue; }
-        if (r < 40) {
-          auto it = board_->streams.begin();
-          std::advance(it, static_cast<std::ptrdiff_t>(rng() % board_->streams.size()));
-          it->second.completed = it->second.enqueued;
-        } else if (r < 55) {
-          board_->global_capture = !board_->global_capture;
-        } else if (r < 65) {
-          board_->fail_query = 1 + static_cast<int>(rng() % 3);
-        } else if (r < 75) {
-          board_->fail_wait = 1;
-        } else if (r < 80) {
-          board_->fail_sync_device = 1;
-        } else if (r < 85) {
-          board_->fail_sync_stream = 1;
-        } else if (r < 90) {
-          board_->fail_record = 1;
+        {
+          std::lock_guard<std::recursive_mutex> lock(board_->m);
+          if (r < 40) {
+            if (!board_->streams.empty()) {
+              auto it = board_->streams.begin();
+              std::advance(it, static_cast<std::ptrdiff_t>(rng() % board_->streams.size()));
+              it->second.completed = it->second.enqueued;
+            }
+          } else if (r < 55) {
+            board_->global_capture = !board_->global_capture;
+          } else if (r < 65) {
+            board_->fail_query = 1 + static_cast<int>(rng() % 3);
+          } else if (r < 75) {
+            board_->fail_wait = 1;
+          } else if (r < 80) {
+            board_->fail_sync_device = 1;
+          } else if (r < 85) {
+            board_->fail_sync_stream = 1;
+          } else if (r < 90) {
+            board_->fail_record = 1;
+          }
         }
+        chaos_started.store(true);
+        std::this_thread::yield();
       }
-      std::this_thread::yield();
     });
     for (auto& th : threads) {
       th.join();
@@ -660,6 +709,7 @@ class host_sync_on_free {
     out.syncs_counted        = s.syncs;
     out.syncs_succeeded      = board_->waits_ok + board_->syncs_ok;
     out.invalidated_captures = board_->invalidated_captures;
+    out.released_fence_use   = board_->released_fence_use;
     return out;
   }
 

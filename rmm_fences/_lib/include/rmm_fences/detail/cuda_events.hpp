@@ -125,7 +125,8 @@ inline bool is_capturing(cuda::stream_ref stream) noexcept
  * `cudaStreamBeginCapture` and `torch.cuda.graph`), an event query, record or sync from this
  * thread would otherwise fail and invalidate that capture. An error is never read as
  * "complete": `query` says `failed`, `ready` false and `host_wait` false, so no caller may
- * release a block or count a check on it. `deferred_free_list` uses `ready` and `host_wait`.
+ * release a block or count a check on it. `deferred_free_list` uses `ready` and `host_wait`
+ * (and the platform's `release_fence`, once the last block sharing a fence left the list).
  */
 struct cuda_platform_base {
   using fence_type = cudaEvent_t;

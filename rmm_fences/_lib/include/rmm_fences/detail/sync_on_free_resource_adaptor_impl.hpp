@@ -30,10 +30,17 @@ class sync_on_free_resource_adaptor_impl {
     rmm_fences::mr::detail::sync_on_free_core<rmm_fences::mr::detail::cuda_platform, upstream_type>;
 
  public:
+  /// Throws `std::invalid_argument` when `max_batch_frees` or `max_batch_bytes` is 0.
   sync_on_free_resource_adaptor_impl(upstream_type upstream,
                                      sync_mode mode,
-                                     std::optional<std::size_t> max_pending_bytes)
-    : core_{std::move(upstream), mode, max_pending_bytes, rmm::get_current_cuda_device()}
+                                     std::optional<std::size_t> max_pending_bytes,
+                                     std::size_t max_batch_frees,
+                                     std::optional<std::size_t> max_batch_bytes)
+    : core_{std::move(upstream),
+            mode,
+            max_pending_bytes,
+            batch_limits{max_batch_frees, max_batch_bytes},
+            rmm::get_current_cuda_device()}
   {
   }
 
@@ -107,7 +114,8 @@ class sync_on_free_resource_adaptor_impl {
   { deallocate(core_.platform().default_stream(), ptr, bytes, alignment); }
 
   /// Blocks until every pending block went upstream, except those whose fence wait and a device
-  /// synchronization both failed (a capture under way): they stay pending.
+  /// synchronization both failed (a capture under way): they stay pending. Batches of streams
+  /// other than the default stream have no fence yet: a device synchronization covers them.
   void flush()
   {
     auto& platform = core_.platform();
@@ -121,6 +129,9 @@ class sync_on_free_resource_adaptor_impl {
   [[nodiscard]] sync_mode mode() const noexcept { return core_.mode(); }
   [[nodiscard]] std::optional<std::size_t> max_pending_bytes() const noexcept
   { return core_.max_pending_bytes(); }
+  [[nodiscard]] std::size_t max_batch_frees() const noexcept { return core_.max_batch_frees(); }
+  [[nodiscard]] std::optional<std::size_t> max_batch_bytes() const noexcept
+  { return core_.max_batch_bytes(); }
   [[nodiscard]] std::size_t pending_bytes() const { return core_.pending_bytes(); }
   [[nodiscard]] std::size_t pending_count() const { return core_.pending_count(); }
   [[nodiscard]] std::size_t live_count() const { return core_.live_count(); }

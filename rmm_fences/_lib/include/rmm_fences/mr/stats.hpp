@@ -13,13 +13,14 @@ namespace rmm_fences::mr {
 /// Counters of a `sync_on_free_resource_adaptor` (monotonic, except the peak).
 struct sync_on_free_stats {
   std::uint64_t syncs{};               ///< host waits that succeeded (syncs, fence waits)
-  std::uint64_t deferred{};            ///< frees that recorded a fence and returned at once
+  std::uint64_t deferred{};            ///< frees listed to wait for a fence, returned at once
   std::uint64_t released{};            ///< listed blocks handed to the upstream
   std::uint64_t oom_retries{};         ///< allocations retried after draining pending blocks
   std::uint64_t parked{};              ///< frees listed without a fence (capture, no fence)
   std::uint64_t peak_pending_bytes{};  ///< largest pending total seen (after the cap applied)
   std::uint64_t failed_syncs{};        ///< syncs and fence waits that failed (nothing released)
   std::uint64_t rejected_frees{};      ///< double frees, foreign pointers, size mismatches
+  std::uint64_t fences{};  ///< fences recorded (one per batch of frees on a stream, at most)
 };
 
 /// Counters of a `stream_ordered_pool_memory_resource`.
