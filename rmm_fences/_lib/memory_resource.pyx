@@ -468,9 +468,10 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
     free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes,
     its last exact-size frees counted only once another stream ran short), never one per free,
-    and never while it is being captured. The pool grows by doubling (or
-    by at most ``maximum_growth_size`` beyond the request), trying smaller chunks when the upstream is short, allocating each chunk on the requesting
-    stream (on a pool-owned stream while the requesting stream is captured); right before
+    and never while it is being captured. The pool grows by doubling (or by at most
+    ``maximum_growth_size`` beyond the request), trying smaller chunks when the upstream is
+    short, allocating each chunk on the requesting stream (on a pool-owned stream while the
+    requesting stream is captured); right before
     raising :class:`MemoryError` it synchronizes the device once and reclaims what that sync
     covers. A double free, a foreign pointer or a wrong size raises :class:`ValueError` and
     leaves the pool unchanged.
