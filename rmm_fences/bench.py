@@ -177,10 +177,13 @@ def stress(
     return stats
 
 
-def cub_temp_loop(x, out, mr=None, stream=None):
+def cub_temp_loop(x, out, mr=None, stream=None, *, plan: bool = False):
     """One call of the CUB temp-storage loop on ``stream`` (a CuPy stream), as a function of
     no argument: ``rmm_fences.reduce.device_sum(x, out, mr=mr, stream=stream)``, which
     allocates CUB's temp storage from ``mr``, reduces and frees it without a sync.
+
+    ``plan=True``: the same loop through a :class:`rmm_fences.reduce.ReducePlan` made once
+    (sum, zero of ``out``'s dtype), called as ``plan(x, out)``.
 
     ``mr=None``: the floor, cuda.compute's reducer called directly on a temp buffer allocated
     once (no wrapper, no allocation); the buffer lives as long as the function.
@@ -192,6 +195,11 @@ def cub_temp_loop(x, out, mr=None, stream=None):
     from rmm_fences._streams import StreamHandle
 
     stream = stream or cupy.cuda.get_current_stream()
+    if plan:
+        if mr is None:
+            raise ValueError("plan=True needs mr (mr=None is the preallocated floor)")
+        made = rf.ReducePlan(x, out, "sum", np.zeros(1, dtype=out.dtype), mr=mr, stream=stream)
+        return functools.partial(made, x, out)
     if mr is not None:
         return lambda: rf.device_sum(x, out, mr=mr, stream=stream)
     n = x.size
@@ -235,7 +243,7 @@ def event_time_us(fn, stream, iterations: int, rounds: int = 5) -> float:
 
 
 def cub_temp_loop_us(
-    x, out, mr=None, stream=None, iterations: int = 1000, rounds: int = 5
+    x, out, mr=None, stream=None, iterations: int = 1000, rounds: int = 5, *, plan: bool = False
 ) -> float:
     """Microseconds per call of :func:`cub_temp_loop` (:func:`event_time_us`, after a warm-up
     call), the sum in ``out[0]`` checked against a float64 sum of ``x`` (AssertionError
@@ -244,7 +252,7 @@ def cub_temp_loop_us(
     import numpy as np
 
     stream = stream or cupy.cuda.get_current_stream()
-    fn = cub_temp_loop(x, out, mr, stream)
+    fn = cub_temp_loop(x, out, mr, stream, plan=plan)
     fn()  # warm up (and JIT)
     stream.synchronize()
     us = event_time_us(fn, stream, iterations, rounds)

@@ -8,6 +8,9 @@ resource: the CUB temp-storage loop (query the size, allocate, launch, free with
 >>> float(device_sum(x))  # doctest: +SKIP
 45.0
 
+A loop of reduces of the same dtype, length, op, resource and stream is cheapest through a
+:class:`ReducePlan`, made once and called per array.
+
 Imports without a GPU; ``cuda.compute`` is imported on first use.
 """
 
@@ -21,7 +24,14 @@ import numpy as np
 
 from rmm_fences._streams import StreamHandle, rmm_stream, stream_handle
 
-__all__ = ["device_reduce", "device_sum", "temp_storage", "TempStorage", "SUPPORTED_DTYPES"]
+__all__ = [
+    "device_reduce",
+    "device_sum",
+    "ReducePlan",
+    "temp_storage",
+    "TempStorage",
+    "SUPPORTED_DTYPES",
+]
 
 SUPPORTED_DTYPES = tuple(
     np.dtype(t)
@@ -111,18 +121,29 @@ def temp_storage(nbytes, *, mr=None, stream=None):
 
 
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
-_CUPY_NDARRAY = []  # [cupy.ndarray] once CuPy was imported (the fast path's type)
+# [cupy.ndarray, whether its arrays have CuPy's _c_contiguous flag] once CuPy was imported
+_CUPY: list = []
 
 
 def _cupy_ndarray():
-    if not _CUPY_NDARRAY:
+    """cupy.ndarray (the fast path's type), or None without CuPy."""
+    if not _CUPY:
         try:
             import cupy
 
-            _CUPY_NDARRAY.append(cupy.ndarray)
+            ndarray = cupy.ndarray
         except ImportError:  # pragma: no cover - CuPy is a dependency
-            _CUPY_NDARRAY.append(None)
-    return _CUPY_NDARRAY[0]
+            ndarray = None
+        # the flag a.flags.c_contiguous reads, without building a Flags object per call (CuPy
+        # reads it the same way across its modules); a CuPy without it takes flags
+        _CUPY[:] = [ndarray, ndarray is not None and hasattr(ndarray, "_c_contiguous")]
+    return _CUPY[0]
+
+
+def _unsupported(name, dtype):
+    return TypeError(
+        f"{name} has dtype {dtype}; supported: " + ", ".join(str(d) for d in SUPPORTED_DTYPES)
+    )
 
 
 def _array_info(a, name):
@@ -131,13 +152,11 @@ def _array_info(a, name):
     if type(a) is _cupy_ndarray():
         dtype = a.dtype
         if dtype not in _SUPPORTED:
-            raise TypeError(
-                f"{name} has dtype {dtype}; supported: "
-                + ", ".join(str(d) for d in SUPPORTED_DTYPES)
-            )
-        if not a.flags.c_contiguous:
+            raise _unsupported(name, dtype)
+        if not (a._c_contiguous if _CUPY[1] else a.flags.c_contiguous):
             raise ValueError(f"{name} must be C-contiguous (strides {a.strides})")
-        return a.data.ptr, a.size, dtype, a.device.id
+        memptr = a.data
+        return memptr.ptr, a.size, dtype, memptr.device_id
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:
         kind = "host memory" if isinstance(a, np.ndarray) or hasattr(a, "__array__") else ""
@@ -147,9 +166,7 @@ def _array_info(a, name):
         )
     dtype = np.dtype(cai["typestr"])
     if dtype not in _SUPPORTED:
-        raise TypeError(
-            f"{name} has dtype {dtype}; supported: " + ", ".join(str(d) for d in SUPPORTED_DTYPES)
-        )
+        raise _unsupported(name, dtype)
     shape = tuple(cai["shape"])
     size = math.prod(shape)
     strides = cai.get("strides")
@@ -164,16 +181,20 @@ def _array_info(a, name):
     return ptr, size, dtype, None
 
 
+def _device_of(ptr, device):
+    """``device``, or where ``ptr`` lives when it is None (None for a null pointer)."""
+    if device is not None or not ptr:
+        return device
+    import cupy
+
+    return cupy.cuda.runtime.pointerGetAttributes(ptr).device
+
+
 def _check_devices(in_ptr, in_dev, out_ptr, out_dev):
     """ValueError when the input and the output live on different devices."""
     if not in_ptr or not out_ptr:
         return
-    if in_dev is None or out_dev is None:
-        import cupy
-
-        query = cupy.cuda.runtime.pointerGetAttributes
-        in_dev = query(in_ptr).device if in_dev is None else in_dev
-        out_dev = query(out_ptr).device if out_dev is None else out_dev
+    in_dev, out_dev = _device_of(in_ptr, in_dev), _device_of(out_ptr, out_dev)
     if in_dev != out_dev:
         raise ValueError(f"d_in is on device {in_dev} but d_out on device {out_dev}")
 
@@ -264,6 +285,18 @@ def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
     stream : optional
         None (legacy default stream), a CuPy, rmm, cuda.core or ``__cuda_stream__`` stream.
     """
+    reducer, op_obj, init, n, handle, resource, in_dev, _ = _reduce_args(
+        d_in, d_out, op, h_init, mr, stream
+    )
+    _launch(reducer, d_in, d_out, n, op_obj, init, handle, resource, in_dev)
+
+
+def _reduce_args(d_in, d_out, op, h_init, mr, stream):
+    """:func:`device_reduce`'s arguments checked (TypeError or ValueError naming the
+    argument, before any allocation) and converted: reducer, op for cuda.compute, h_init as
+    an array, number of items, stream handle, resource, ``d_in``'s device (None: not known
+    without a query), then (input dtype, output dtype, input pointer, output pointer,
+    output device)."""
     in_ptr, n, in_dtype, in_dev = _array_info(d_in, "d_in")
     out_ptr, out_size, out_dtype, out_dev = _array_info(d_out, "d_out")
     if out_size < 1:
@@ -271,26 +304,52 @@ def device_reduce(d_in, d_out, op, h_init, *, mr=None, stream=None) -> None:
     handle = stream_handle(stream)
     resource = _resource(mr)
     _check_devices(in_ptr, in_dev, out_ptr, out_dev)
-    init = np.asarray(
-        h_init,
-        dtype=out_dtype if np.isscalar(h_init) and not isinstance(h_init, np.generic) else None,
-    ).reshape(1)
+    init = _init_array(h_init, out_dtype)
     reducer, op_obj = _reducer(d_in, d_out, op, init, in_dtype, out_dtype)
-    _launch(reducer, d_in, d_out, n, op_obj, init, handle, resource, in_dev)
+    more = (in_dtype, out_dtype, in_ptr, out_ptr, out_dev)
+    return reducer, op_obj, init, n, handle, resource, in_dev, more
 
 
-def _launch(reducer, d_in, d_out, n, op, init, handle, resource, device):
-    cc_stream = StreamHandle(handle) if handle else None
-    if device is None:
-        import cupy
+def _init_array(h_init, out_dtype):
+    """``h_init`` as the one-element NumPy array cuda.compute takes (a Python scalar takes
+    ``out_dtype``); ValueError or TypeError naming ``h_init``."""
+    python_scalar = np.isscalar(h_init) and not isinstance(h_init, np.generic)
+    try:
+        init = np.asarray(h_init, dtype=out_dtype if python_scalar else None)
+    except OverflowError as exc:
+        raise OverflowError(f"h_init {h_init!r} does not fit d_out's dtype: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"h_init must be an integer or a float, got {h_init!r}") from exc
+    if init.size != 1:
+        raise ValueError(f"h_init must be a single value, got {init.size} (shape {init.shape})")
+    if init.dtype.kind not in "iuf":
+        raise TypeError(f"h_init must be an integer or a float, got dtype {init.dtype}")
+    return init.reshape(1)
 
-        device = cupy.cuda.runtime.getDevice()
+
+def _temp_bytes(reducer, d_in, d_out, n, op, init, cc_stream, device):
+    """CUB's temp storage bytes for ``n`` items on ``device`` (at least 1): asked of the
+    reducer once per device and length."""
     size = reducer.sizes.get((device, n))
     if size is None:
         size = max(int(_call(reducer, None, d_in, d_out, n, op, init, cc_stream)), 1)
         if len(reducer.sizes) >= 4096:
             reducer.sizes.clear()
         reducer.sizes[(device, n)] = size
+    return size
+
+
+def _current_device():
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
+def _launch(reducer, d_in, d_out, n, op, init, handle, resource, device):
+    cc_stream = StreamHandle(handle) if handle else None
+    if device is None:
+        device = _current_device()
+    size = _temp_bytes(reducer, d_in, d_out, n, op, init, cc_stream, device)
     rs = rmm_stream(handle)
     ptr = resource.allocate(size, rs)
     try:
@@ -310,6 +369,213 @@ def _call(reducer, temp_storage, d_in, d_out, n, op, init, cc_stream):
             op=op,
             h_init=init,
             stream=cc_stream,
+        )
+
+
+class _NoFastPath:
+    """The fast path's array type when CuPy has no ``_c_contiguous``: no array is one."""
+
+
+class ReducePlan:
+    """``d_out[0] = reduce(op, d_in, h_init)`` on ``stream``, made once for the dtypes, the
+    length, the op, the initial value, the resource and the stream, then called per array.
+
+    Made from example arrays (as ``cuda.compute.make_reduce_into`` is): everything
+    :func:`device_reduce` checks is checked here, once; the cuda.compute reducer is built (or
+    taken from the cache) and CUB's temp storage size queried here too. A call
+    ``plan(d_in, d_out)`` checks that its arrays match the plan, then allocates the temp
+    storage from ``mr`` on ``stream``, reduces and frees it on ``stream`` right after the
+    launch, with no synchronization (the CUB temp-storage loop, the resource ordering the
+    reuse of the freed block). It returns None; the result is written on ``stream``.
+
+    Parameters are those of :func:`device_reduce`. ``d_in`` stands for every later input:
+    a call's ``d_in`` must have its dtype, its number of items (any C-contiguous shape) and
+    its device, and ``d_out`` its dtype and device, at least one element and C-contiguity;
+    otherwise the call raises (TypeError or ValueError naming the argument) before it
+    allocates. ``mr=None`` binds the current device resource when the plan is made. Call the
+    plan with its device current (as for the stream).
+
+    CuPy arrays are checked through their attributes (a few attribute reads); other device
+    arrays (PyTorch, Numba) through ``__cuda_array_interface__`` and a pointer query per call.
+    A plan may be called from several threads: calls of reducers of the same dtypes and op are
+    serialized around the launch (as :func:`device_reduce`'s are).
+    """
+
+    __slots__ = (
+        "_state",
+        "_op",
+        "_mr",
+        "_stream",
+        "_h_init",
+        "_num_items",
+        "_dtype",
+        "_out_dtype",
+        "_device",
+        "_nbytes",
+    )
+
+    def __init__(self, d_in, d_out, op, h_init, *, mr=None, stream=None):
+        reducer, op_obj, init, n, handle, resource, in_dev, more = _reduce_args(
+            d_in, d_out, op, h_init, mr, stream
+        )
+        in_dtype, out_dtype, in_ptr, out_ptr, out_dev = more
+        init = init.copy()  # the plan's value must not follow later writes to the caller's
+        device = _device_of(in_ptr, in_dev)
+        if device is None:
+            device = _device_of(out_ptr, out_dev)
+        if device is None:
+            device = _current_device()
+        cc_stream = StreamHandle(handle) if handle else None
+        nbytes = _temp_bytes(reducer, d_in, d_out, n, op_obj, init, cc_stream, device)
+        ndarray = _cupy_ndarray()
+        if ndarray is None or not _CUPY[1]:
+            ndarray = _NoFastPath
+        self._op, self._mr, self._stream, self._h_init = op, resource, handle, init
+        self._num_items, self._dtype, self._out_dtype = n, in_dtype, out_dtype
+        self._device, self._nbytes = device, nbytes
+        # what a call reads, in one tuple (one attribute read, then locals)
+        self._state = (
+            ndarray,
+            in_dtype,
+            n,
+            device,
+            out_dtype,
+            resource.allocate,
+            resource.deallocate,
+            nbytes,
+            rmm_stream(handle),
+            reducer.lock.acquire,
+            reducer.lock.release,
+            TempStorage(0, nbytes),  # its ptr is set under the lock, right before the launch
+            reducer.fn,
+            op_obj,
+            init,
+            cc_stream,
+        )
+
+    def __call__(self, d_in, d_out) -> None:
+        (
+            ndarray,
+            dtype,
+            n,
+            device,
+            out_dtype,
+            allocate,
+            deallocate,
+            nbytes,
+            rs,
+            acquire,
+            release,
+            tmp,
+            fn,
+            op,
+            init,
+            cc_stream,
+        ) = self._state
+        if (
+            type(d_in) is not ndarray
+            or type(d_out) is not ndarray
+            or d_in.dtype is not dtype
+            or d_in.size != n
+            or not d_in._c_contiguous
+            or d_in.data.device_id != device
+            or d_out.dtype is not out_dtype
+            or not d_out.size
+            or not d_out._c_contiguous
+            or d_out.data.device_id != device
+        ):
+            self._check(d_in, d_out)  # raises, unless they are valid arrays of another kind
+        ptr = allocate(nbytes, rs)
+        try:
+            acquire()  # acquire and release: cheaper than a with block
+            try:
+                tmp.ptr = ptr
+                # _call's launch, inlined: one Python call less per launch
+                fn(
+                    temp_storage=tmp,
+                    d_in=d_in,
+                    d_out=d_out,
+                    num_items=n,
+                    op=op,
+                    h_init=init,
+                    stream=cc_stream,
+                )
+            finally:
+                release()
+        finally:
+            deallocate(ptr, nbytes, rs)  # no sync: the resource orders the reuse
+
+    def _check(self, d_in, d_out):
+        """TypeError or ValueError naming the argument that does not match the plan."""
+        in_ptr, n, in_dtype, in_dev = _array_info(d_in, "d_in")
+        out_ptr, out_size, out_dtype, out_dev = _array_info(d_out, "d_out")
+        if in_dtype != self._dtype:
+            raise TypeError(f"d_in has dtype {in_dtype} but the plan was made for {self._dtype}")
+        if n != self._num_items:
+            raise ValueError(f"d_in holds {n} items but the plan was made for {self._num_items}")
+        if out_dtype != self._out_dtype:
+            raise TypeError(
+                f"d_out has dtype {out_dtype} but the plan was made for {self._out_dtype}"
+            )
+        if out_size < 1:
+            raise ValueError("d_out must hold at least one element, got an empty array")
+        for name, ptr, dev in (("d_in", in_ptr, in_dev), ("d_out", out_ptr, out_dev)):
+            dev = _device_of(ptr, dev)
+            if dev is not None and dev != self._device:
+                raise ValueError(
+                    f"{name} is on device {dev} but the plan was made on device {self._device}"
+                )
+
+    @property
+    def num_items(self) -> int:
+        """The number of items of every input."""
+        return self._num_items
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The inputs' dtype."""
+        return self._dtype
+
+    @property
+    def out_dtype(self) -> np.dtype:
+        """The outputs' dtype."""
+        return self._out_dtype
+
+    @property
+    def h_init(self) -> np.ndarray:
+        """The initial value (a copy of the plan's one-element array)."""
+        return self._h_init.copy()
+
+    @property
+    def op(self):
+        """The op, as given."""
+        return self._op
+
+    @property
+    def mr(self):
+        """The resource the temp storage comes from."""
+        return self._mr
+
+    @property
+    def stream(self) -> int:
+        """The stream's handle (0: the legacy default stream)."""
+        return self._stream
+
+    @property
+    def device(self) -> int:
+        """The device of the arrays."""
+        return self._device
+
+    @property
+    def nbytes(self) -> int:
+        """The temp storage bytes allocated per call (CUB's size, at least 1)."""
+        return self._nbytes
+
+    def __repr__(self):
+        return (
+            f"ReducePlan(op={self._op!r}, dtype={self._dtype}, out_dtype={self._out_dtype}, "
+            f"num_items={self._num_items}, h_init={self._h_init[0]!r}, device={self._device}, "
+            f"stream={self._stream:#x}, nbytes={self._nbytes}, mr={type(self._mr).__name__})"
         )
 
 

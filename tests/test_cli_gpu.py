@@ -36,6 +36,13 @@ def test_reduce_reports_time_bandwidth_and_the_floor(spec):
     us, gbs, ratio, floor = map(float, m.groups())
     assert us > 0 and gbs > 0 and floor > 0
     assert ratio == pytest.approx(us / floor, rel=0.01)
+    m = re.search(
+        r"through a ReducePlan: (\d+\.\d+) us per call, (\d+\.\d+)x the preallocated",
+        res.stdout,
+    )
+    assert m, res.stdout
+    plan_us, plan_ratio = map(float, m.groups())
+    assert plan_us > 0 and plan_ratio == pytest.approx(plan_us / floor, rel=0.01)
 
 
 def test_bench_reports_a_row_per_spec():
@@ -67,11 +74,12 @@ def test_the_cub_temp_loop_floor_and_a_chain_agree_on_the_sum():
     x = cupy.random.RandomState(3).standard_normal(4099, dtype=cupy.float32)
     out = cupy.empty(1, dtype=cupy.float32)
     cupy.cuda.Device().synchronize()  # the loop runs on a non-blocking stream
-    for mr in (None, compose("pool(cuda)")):
-        assert cub_temp_loop_us(x, out, mr, stream, iterations=20, rounds=2) > 0
+    pool = compose("pool(cuda)")
+    for mr, plan in ((None, False), (pool, False), (pool, True)):
+        assert cub_temp_loop_us(x, out, mr, stream, iterations=20, rounds=2, plan=plan) > 0
         out.fill(0)
         cupy.cuda.Device().synchronize()
-        cub_temp_loop(x, out, mr, stream)()
+        cub_temp_loop(x, out, mr, stream, plan=plan)()
         stream.synchronize()
         assert float(out.get()[0]) == pytest.approx(
             float(x.astype(cupy.float64).sum().get()), rel=1e-3, abs=1e-2

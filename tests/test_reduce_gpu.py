@@ -105,15 +105,23 @@ def test_sum_and_max_match_the_reference(cupy, reduce_mod, rng, chain, dtype):
 @pytest.mark.parametrize(
     "chain", ["rmm_fences_pool", "sync_on_free_deferred(naive_cache)", "tracking(rmm_fences_pool)"]
 )
-def test_1000_back_to_back_reduces_on_two_streams(cupy, reduce_mod, rng, chain):
+@pytest.mark.parametrize("through", ["device_sum", "ReducePlan"])
+def test_1000_back_to_back_reduces_on_two_streams(cupy, reduce_mod, rng, chain, through):
     mr = make_chain(chain)
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
     calls, n = 1000, 1 << 18
     data = fresh(cupy, calls * n, "float32", rng).reshape(calls, n)
     outs = cupy.full(calls, cupy.nan, dtype=cupy.float32)
+    if through == "ReducePlan":  # one plan per stream, made once
+        plans = [
+            reduce_mod.ReducePlan(data[0], outs[:1], "sum", 0.0, mr=mr, stream=s) for s in streams
+        ]
+        sums = [lambda x, out, plan=plan: plan(x, out) for plan in plans]
+    else:
+        sums = [lambda x, out, s=s: reduce_mod.device_sum(x, out, mr=mr, stream=s) for s in streams]
     cupy.cuda.Device().synchronize()
     for i in range(calls):
-        reduce_mod.device_sum(data[i], outs[i : i + 1], mr=mr, stream=streams[i % 2])
+        sums[i % 2](data[i], outs[i : i + 1])
     for s in streams:
         s.synchronize()
     ref = data.astype(cupy.float64).sum(axis=1)
@@ -122,6 +130,7 @@ def test_1000_back_to_back_reduces_on_two_streams(cupy, reduce_mod, rng, chain):
         mr.check()
         stats = mr.stats
         assert stats["allocations"] == stats["deallocations"] >= calls, stats
+        assert mr.hazards == []
 
 
 def test_the_tracker_sees_the_temp_storage_freed_in_flight(cupy, scenarios, reduce_mod, rng):

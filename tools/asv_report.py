@@ -165,6 +165,39 @@ def report(values, commits) -> str:
             suffix="",
         )
     )
+    # the plan's loop against the floor of the same run (CubTempStorageLoop's preallocated row)
+    b = "reduce.CubTempStoragePlanLoop.time_loop"
+    if values.get(b):
+        floor = values.get("reduce.CubTempStorageLoop.time_loop", {})
+        merged = {k: v for k, v in floor.items() if k[0] == "preallocated"}
+        merged.update(values[b])
+        parts.append(
+            per_size(
+                {b: merged},
+                b,
+                1e6 / CALLS,
+                ("preallocated",),
+                "The CUB temp-storage loop through a ReducePlan over n float32, us per call "
+                "(ratio to the preallocated temp buffer)",
+                "us",
+                commits.get(b),
+                suffix="",
+            )
+        )
+    b = "reduce.CubTempStoragePlanLoop.track_ratio_to_preallocated"
+    parts.append(
+        per_size(
+            values,
+            b,
+            1.0,
+            (),
+            "The CUB temp-storage loop through a ReducePlan over n float32, time per call over "
+            "the preallocated buffer's (CUDA events, interleaved rounds)",
+            "ratio",
+            commits.get(b),
+            suffix="",
+        )
+    )
     for b, label, unit, scale, peer in (
         (
             "throughput.RandomAllocations.track_ops_per_s",

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The CUB temp-storage loop per chain and size (allocate CUB temp, reduce, free without a sync),
-with a preallocated temp buffer as the floor; the device-to-device copy bandwidth its
-bandwidth compares with; and cupy.sum per CuPy allocator."""
+per call of device_sum and through a ReducePlan, with a preallocated temp buffer as the floor;
+the device-to-device copy bandwidth its bandwidth compares with; and cupy.sum per CuPy
+allocator."""
+
+import statistics
 
 from ._common import CHAINS, make, require_gpu
 
@@ -15,6 +18,7 @@ class CubTempStorageLoop:
     params = [["preallocated", *CHAINS], SIZES]
     param_names = ["chain", "n"]
     timeout = 300
+    plan = False  # rmm_fences.reduce.device_sum per call (True: a ReducePlan made once)
 
     def setup(self, chain, n):
         require_gpu()
@@ -29,7 +33,7 @@ class CubTempStorageLoop:
         self.out = cupy.empty(1, dtype=cupy.float32)
         cupy.cuda.Device().synchronize()
         # preallocated: cuda.compute's reducer on a temp buffer allocated once (the floor)
-        self.fn = cub_temp_loop(self.x, self.out, self.mr, self.stream)
+        self.fn = cub_temp_loop(self.x, self.out, self.mr, self.stream, plan=self.plan)
         self.fn()  # warm up (JIT, CUB's temp size)
         self.stream.synchronize()
 
@@ -41,10 +45,33 @@ class CubTempStorageLoop:
     def track_bandwidth_gbs(self, chain, n):
         from rmm_fences.bench import cub_temp_loop_us
 
-        us = cub_temp_loop_us(self.x, self.out, self.mr, self.stream, 50, 3)
+        us = cub_temp_loop_us(self.x, self.out, self.mr, self.stream, 50, 3, plan=self.plan)
         return self.x.nbytes / (us * 1e-6) / 1e9
 
     track_bandwidth_gbs.unit = "GB/s"
+
+
+class CubTempStoragePlanLoop(CubTempStorageLoop):
+    """The loop of CubTempStorageLoop through a ReducePlan made once in setup (the temp
+    storage still allocated and freed per call), over the same chains and sizes; the floor is
+    CubTempStorageLoop's "preallocated" row of the same run. track_ratio_to_preallocated: the
+    time per call of the plan over the preallocated buffer's, from CUDA events around 200
+    back-to-back calls of each, interleaved (median of 5 rounds each)."""
+
+    params = [list(CHAINS), SIZES]
+    plan = True
+
+    def track_ratio_to_preallocated(self, chain, n):
+        from rmm_fences.bench import cub_temp_loop_us
+
+        args = (self.x, self.out)
+        plan_us, floor_us = [], []
+        for _ in range(5):
+            floor_us.append(cub_temp_loop_us(*args, None, self.stream, 200, 1))
+            plan_us.append(cub_temp_loop_us(*args, self.mr, self.stream, 200, 1, plan=True))
+        return statistics.median(plan_us) / statistics.median(floor_us)
+
+    track_ratio_to_preallocated.unit = "ratio"
 
 
 class CopyBandwidth:

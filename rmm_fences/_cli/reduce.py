@@ -25,7 +25,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """us per call, GB/s and the ratio to a preallocated temp buffer, for ``--resource``."""
+    """us per call, GB/s and the ratio to a preallocated temp buffer, for ``--resource``;
+    then the same loop through a ReducePlan made once."""
     import cupy
 
     from rmm_fences.bench import cub_temp_loop_us
@@ -40,8 +41,13 @@ def run(args) -> int:
     floor = cub_temp_loop_us(x, out, None, stream, iters)
     us = cub_temp_loop_us(x, out, mr, stream, iters)
     gbs = x.nbytes / (us * 1e-6) / 1e9
+    plan_us = cub_temp_loop_us(x, out, mr, stream, iters, plan=True)
     print(
         f"{spec}: sum of {n} float32, {iters} calls: {us:.2f} us per call, {gbs:.1f} GB/s, "
         f"{us / floor:.2f}x the preallocated temp buffer ({floor:.2f} us)"
+    )
+    print(
+        f"{spec}: through a ReducePlan: {plan_us:.2f} us per call, "
+        f"{plan_us / floor:.2f}x the preallocated temp buffer"
     )
     return 0
