@@ -390,3 +390,51 @@ def test_native_pairs_freed_on_another_stream_are_cross_stream_reuse(cupy):
     assert ns > 0 and stats["current_bytes"] == 0 and stats["rejected_frees"] == 0
     assert stats["cross_stream_reuse"] > 0 and stats["stream_waits"] > 0
     assert stats["upstream_growths"] == 0  # 1 MiB blocks circulate in the initial 64 MiB
+
+
+def test_stream_per_task_keeps_slots_and_events_bounded(cupy, scenarios, slow_kernels):
+    """2000 tasks, each on a new non-blocking stream: fill two blocks, check them, and free
+    them while a slow check of the first still runs, then drop the stream (every fourth task
+    retires it first). Later tasks' streams may get those bytes only after the old stream's
+    fence or a device sync: an early reuse overwrites the block under the slow check. The
+    slots, events and chunks the pool holds stay bounded (before: one slot per task, and the
+    pool grew by every dead stream's cached blocks)."""
+    _, slow_check = slow_kernels
+    pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), "64MiB")
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    spin = np.int64(scenarios.spin_cycles(0.2))
+    big, small = 1 << 20, 64 << 10
+    tasks, peak_slots, peak_events = 2000, 0, 0
+    for t in range(tasks):
+        stream = cupy.cuda.Stream(non_blocking=True)
+        r = rs(stream)
+        a = pool.allocate(big, r)
+        b = pool.allocate(small, r)
+        pattern = 2 * t + 1
+        scenarios.fill(a, big // 4, pattern, stream=stream)
+        scenarios.fill(b, small // 4, pattern + 1, stream=stream)
+        scenarios.check(b, small // 4, pattern + 1, errors=errors, stream=stream)
+        slow_check(
+            (scenarios.grid_for(big // 4),),
+            (256,),
+            (a, np.uint64(big // 4), spin, np.uint32(pattern), errors),
+            stream=stream,
+        )
+        pool.deallocate(b, small, r)
+        pool.deallocate(a, big, r)  # the slow check still reads it
+        if t % 4 == 0:
+            pool.retire_stream(r)
+        del r, stream  # destroyed with its work still queued
+        stats = pool.stats
+        peak_slots = max(peak_slots, stats["stream_slots"])
+        peak_events = max(peak_events, stats["fence_events"])
+    cupy.cuda.Device().synchronize()
+    stats = pool.stats
+    print(f"\nstream per task: peak slots {peak_slots}, peak events {peak_events}, {stats}")
+    assert int(errors.get()[0]) == 0
+    assert peak_slots <= 160, f"{peak_slots} slots for {tasks} streams"
+    assert peak_events <= 400, f"{peak_events} events for {tasks} streams"
+    assert stats["current_bytes"] == 0 and stats["retired_streams"] == tasks // 4
+    # the tasks' bytes did move between streams, through fences and device syncs
+    assert stats["cross_stream_reuse"] > 0 and stats["reclaim_syncs"] > 0
+    assert pool.pool_size() <= 512 << 20, f"pool grew to {pool.pool_size() >> 20} MiB"

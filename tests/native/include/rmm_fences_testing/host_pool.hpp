@@ -645,8 +645,8 @@ class host_pool {
         for (int i = 0; i < tasks; ++i) {
           bool const reuse = rng() % 4 == 0;
           // A reused handle belongs to this thread alone; a fresh identity is never reused.
-          std::uint64_t const s = reuse ? 0x10000 + tt * 8 + rng() % 8
-                                        : ((tt + 1) << 24) + static_cast<std::uint64_t>(i);
+          std::uint64_t const s =
+            reuse ? 0x10000 + tt * 8 + rng() % 8 : ((tt + 1) << 24) + static_cast<std::uint64_t>(i);
           std::vector<std::pair<void*, std::size_t>> mine;
           auto const blocks = 1 + rng() % 4;
           for (std::uint64_t k = 0; k < blocks; ++k) {
