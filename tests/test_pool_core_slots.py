@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The stream-ordered pool's core on host memory (no GPU): slots and fences of streams that are
-gone.
+gone, and same-stream reuse of big blocks.
 
 A stream per task (created, used, destroyed) must not leave a slot and an event behind for
-ever; a handle that a new stream reuses must still wait for the fences of the old one. The oracle of
+ever; a handle that a new stream reuses must still wait for the fences of the old one; and a
+stream that keeps reusing its own big block must not record a fence per free. The oracle of
 the host platform (tests/native/include/rmm_fences_testing/host_pool.hpp) checks every
 allocation against the fences, syncs and completed queries that ordered it.
 """
@@ -178,3 +179,67 @@ def test_threads_with_a_stream_per_task_keep_the_oracle():
     p.complete_all()
     p.release()
     assert p.pool_size() == 0 and p.violations == []
+
+
+# --- same-stream reuse of a big block records no fence per free ----------------------------
+
+
+def test_same_stream_64_mib_pairs_do_not_fence_after_another_stream_ran_short():
+    p = HostStreamOrderedPool(128 << 20, maximum_pool_size=128 << 20)
+    a = p.allocate(64 << 20, stream=1)
+    p.deallocate(a, 64 << 20, stream=1)  # cached for stream 1
+    b = p.allocate(96 << 20, stream=2)  # runs short: wants stream 1's blocks (one reclaim)
+    p.deallocate(b, 96 << 20, stream=2)
+    records = p.records
+    for _ in range(100):
+        p.deallocate(p.allocate(64 << 20, stream=1), 64 << 20, stream=1)
+    assert p.records - records <= 2, f"{p.records - records} fences for 100 same-stream pairs"
+    assert p.stats["fences"] == p.records
+    assert p.violations == []
+
+
+def test_a_64_mib_block_pushed_out_of_the_recent_frees_is_not_fenced_per_free():
+    # Nine small frees between the big block's allocation and its free: it goes to the
+    # stream's free list, not to its recent frees.
+    p = HostStreamOrderedPool(256 << 20)
+    for _ in range(100):
+        big = p.allocate(64 << 20, stream=1)
+        small = [p.allocate(256 * (k + 1), stream=1) for k in range(9)]
+        for k, ptr in enumerate(small):
+            p.deallocate(ptr, 256 * (k + 1), stream=1)
+        p.deallocate(big, 64 << 20, stream=1)
+    assert p.records == 0, f"{p.records} fences for 100 same-stream rounds"
+    assert p.stats["same_stream_reuse"] >= 99 * 10
+    assert p.violations == []
+
+
+def test_a_64_mib_block_reused_without_fences_is_taken_by_another_stream_after_its_fence():
+    p = HostStreamOrderedPool(64 << 20, maximum_pool_size=64 << 20)
+    for _ in range(10):
+        p.deallocate(p.allocate(64 << 20, stream=1), 64 << 20, stream=1)
+    assert p.records == 0
+    a = p.allocate(64 << 20, stream=1)
+    with pytest.raises(MemoryError):
+        p.allocate(64 << 20, stream=2)  # stream 1 holds it: asked to fence at its next call
+    p.deallocate(a, 64 << 20, stream=1)  # fenced now: another stream asked
+    assert p.records == 1
+    b = p.allocate(64 << 20, stream=2)
+    assert b == a
+    assert p.waits == [(2, 1, p.clock - 1)] and p.stats["cross_stream_reuse"] == 1
+    p.deallocate(b, 64 << 20, stream=2)
+    for _ in range(10):  # the new owner reuses it without fences
+        p.deallocate(p.allocate(64 << 20, stream=2), 64 << 20, stream=2)
+    assert p.records == 1 and p.violations == []
+
+
+def test_a_cached_64_mib_block_reaches_a_stream_that_ran_short_through_a_sync():
+    # Stream 1 is idle with the block cached: no fence can be recorded for it, so the stream
+    # that ran short gets it through one device sync; neither stream fences per free after.
+    p = HostStreamOrderedPool(64 << 20, maximum_pool_size=64 << 20)
+    p.deallocate(p.allocate(64 << 20, stream=1), 64 << 20, stream=1)
+    b = p.allocate(64 << 20, stream=2)
+    assert len(p.syncs) == 1
+    p.deallocate(b, 64 << 20, stream=2)
+    for _ in range(20):
+        p.deallocate(p.allocate(64 << 20, stream=2), 64 << 20, stream=2)
+    assert p.records == 0 and p.violations == []

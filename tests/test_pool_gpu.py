@@ -392,6 +392,38 @@ def test_native_pairs_freed_on_another_stream_are_cross_stream_reuse(cupy):
     assert stats["upstream_growths"] == 0  # 1 MiB blocks circulate in the initial 64 MiB
 
 
+def test_same_stream_64_mib_reuse_after_another_stream_ran_short_fences_once(cupy, scenarios):
+    # s2 runs short while s1 caches its 64 MiB block (one reclaim): s1's big frees are then
+    # fenced for others, until s1 takes back a block it fenced that nobody took. Before, every
+    # later same-stream free of the block recorded an event.
+    pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), "128MiB", "128MiB")
+    c1, c2 = (cupy.cuda.Stream(non_blocking=True) for _ in range(2))
+    s1, s2 = rs(c1), rs(c2)
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    nbytes, count = 64 << 20, (64 << 20) // 4
+    a = pool.allocate(nbytes, s1)
+    scenarios.fill(a, count, pattern=1, stream=c1)
+    pool.deallocate(a, nbytes, s1)
+    b = pool.allocate(96 << 20, s2)  # runs short: needs s1's cached block
+    scenarios.fill(b, (96 << 20) // 4, pattern=2, stream=c2)
+    scenarios.check(b, (96 << 20) // 4, pattern=2, errors=errors, stream=c2)
+    pool.deallocate(b, 96 << 20, s2)
+    fences = pool.stats["fences"]
+    for i in range(100):
+        p = pool.allocate(nbytes, s1)
+        scenarios.fill(p, count, pattern=10 + i, stream=c1)
+        scenarios.check(p, count, pattern=10 + i, errors=errors, stream=c1)
+        pool.deallocate(p, nbytes, s1)
+    c1.synchronize()
+    c2.synchronize()
+    stats = pool.stats
+    print(f"\n64 MiB same-stream reuse after a shortage: {stats}")
+    assert int(errors.get()[0]) == 0
+    assert stats["reclaim_syncs"] >= 1  # the shortage happened
+    assert stats["fences"] - fences <= 2, f"{stats['fences'] - fences} fences for 100 pairs"
+    assert stats["same_stream_reuse"] >= 98
+
+
 def test_stream_per_task_keeps_slots_and_events_bounded(cupy, scenarios, slow_kernels):
     """2000 tasks, each on a new non-blocking stream: fill two blocks, check them, and free
     them while a slow check of the first still runs, then drop the stream (every fourth task

@@ -100,12 +100,12 @@ struct free_result {
  *    free list that only S allocates from: stream order makes that reuse safe at once, with no
  *    CUDA call.
  *  - Fences are batched: S records one event (its slot's fence, re-recorded each time) when
- *    its cache holds `fence_batch` blocks or `pool_size / fence_fraction` bytes (the last
- *    exact-size frees count only once another stream ran short while S held free blocks: a
- *    stream that keeps reusing its own blocks, however big, never records one), when another
- *    stream asked for S's blocks, or when S is retired. Recording happens on a call that uses
- *    S, so S is alive. All of S's cached blocks then move to the shared list, tagged with (S's
- *    fence, fence number).
+ *    its cache holds `fence_batch` blocks, when another stream asked for S's blocks, or when S
+ *    is retired; and, once another stream ran short while S held free blocks, when its cache
+ *    holds `pool_size / fence_fraction` bytes. S stops fencing by bytes when it takes back a
+ *    block it fenced that nobody else took: a stream that reuses its own blocks, however big,
+ *    records no fence per free. Recording happens on a call that uses S, so S is alive. All of
+ *    S's cached blocks then move to the shared list, tagged with (S's fence, fence number).
  *  - A stream T takes a tagged block only after enqueuing `device_wait(T, fence)`, unless T
  *    already waited on an equal or later record of that fence. Waiting on a later record is
  *    correct (it orders T after more of S's work), so one event per slot suffices. A tag drops
@@ -153,7 +153,8 @@ class stream_ordered_pool_core {
 
   /// Cached blocks after which a stream's cache is fenced and shared.
   static constexpr std::size_t fence_batch = 32;
-  /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced.
+  /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced, once
+  /// another stream ran short while this one held free blocks.
   static constexpr std::size_t fence_fraction = 16;
   /// Bytes a stream's allocation balance may drift before it is added to the pool's totals
   /// (so streams on different threads do not contend on one counter).
@@ -625,8 +626,8 @@ class stream_ordered_pool_core {
     std::unordered_map<std::uint64_t, std::uint64_t> waited;  // fence serial -> record waited
     pointer_map<std::size_t> live{64};  // blocks handed out on this slot -> requested bytes
     std::atomic<bool> fence_requested{};
-    // Another stream once missed while this one held free blocks: from then on the byte rule
-    // counts the last exact-size frees too (so a big free is fenced for the next taker).
+    // Another stream missed while this one held free blocks: its cached bytes are fenced by
+    // the byte rule until it takes back a block it fenced that nobody else took.
     std::atomic<bool> demanded{};
   };
 
@@ -1121,12 +1122,12 @@ class stream_ordered_pool_core {
     if (slot.fence_requested.load(std::memory_order_relaxed)) { return true; }
     // Counted in cached blocks, not frees: a stream that reuses its blocks never fences.
     if (slot.cache.block_count() + slot.recent_count >= fence_batch) { return true; }
-    // The byte rule leaves out the last exact-size frees (`recent`) until another stream
-    // missed while this one held free blocks (`request_fences`): a stream that reuses its own
-    // big block, and that no other stream waits for, never fences it.
+    // The byte rule holds only while other streams want this one's bytes (`request_fences`,
+    // until it takes back a block it fenced for nobody): a stream that reuses its own big
+    // block, and that no other stream waits for, never fences it.
+    if (!slot.demanded.load(std::memory_order_relaxed)) { return false; }
     auto const pool   = pool_bytes_.load(std::memory_order_relaxed);
-    auto const cached = slot.cache.free_bytes() +
-                        (slot.demanded.load(std::memory_order_relaxed) ? slot.recent_bytes : 0);
+    auto const cached = slot.cache.free_bytes() + slot.recent_bytes;
     return cached >= std::max<std::size_t>(pool / fence_fraction, 1);
   }
 
@@ -1190,6 +1191,11 @@ class stream_ordered_pool_core {
       }
       cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed);
     }
+    // Only its own fence guards the block: it takes back bytes it fenced that nobody took.
+    bool const own_only = !b.tag.needs.empty() &&
+                          std::all_of(b.tag.needs.begin(), b.tag.needs.end(), [&](auto const& n) {
+                            return n.first == slot.cell;
+                          });
     try {
       std::lock_guard<spin_mutex> lock(slot.mutex);
       track(slot, b.ptr, bytes);
@@ -1198,6 +1204,8 @@ class stream_ordered_pool_core {
       shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
       throw;
     }
+    // Nobody needed what it fenced: stop fencing its bytes eagerly.
+    if (own_only) { slot.demanded.store(false, std::memory_order_relaxed); }
     return account(b.ptr, b.size);
   }
 
