@@ -390,3 +390,83 @@ def test_native_pairs_freed_on_another_stream_are_cross_stream_reuse(cupy):
     assert ns > 0 and stats["current_bytes"] == 0 and stats["rejected_frees"] == 0
     assert stats["cross_stream_reuse"] > 0 and stats["stream_waits"] > 0
     assert stats["upstream_growths"] == 0  # 1 MiB blocks circulate in the initial 64 MiB
+
+
+def test_same_stream_64_mib_reuse_after_another_stream_ran_short_fences_once(cupy, scenarios):
+    # s2 runs short while s1 caches its 64 MiB block (one reclaim): s1's big frees are then
+    # fenced for others, until s1 takes back a block it fenced that nobody took. Before, every
+    # later same-stream free of the block recorded an event.
+    pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), "128MiB", "128MiB")
+    c1, c2 = (cupy.cuda.Stream(non_blocking=True) for _ in range(2))
+    s1, s2 = rs(c1), rs(c2)
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    nbytes, count = 64 << 20, (64 << 20) // 4
+    a = pool.allocate(nbytes, s1)
+    scenarios.fill(a, count, pattern=1, stream=c1)
+    pool.deallocate(a, nbytes, s1)
+    b = pool.allocate(96 << 20, s2)  # runs short: needs s1's cached block
+    scenarios.fill(b, (96 << 20) // 4, pattern=2, stream=c2)
+    scenarios.check(b, (96 << 20) // 4, pattern=2, errors=errors, stream=c2)
+    pool.deallocate(b, 96 << 20, s2)
+    fences = pool.stats["fences"]
+    for i in range(100):
+        p = pool.allocate(nbytes, s1)
+        scenarios.fill(p, count, pattern=10 + i, stream=c1)
+        scenarios.check(p, count, pattern=10 + i, errors=errors, stream=c1)
+        pool.deallocate(p, nbytes, s1)
+    c1.synchronize()
+    c2.synchronize()
+    stats = pool.stats
+    print(f"\n64 MiB same-stream reuse after a shortage: {stats}")
+    assert int(errors.get()[0]) == 0
+    assert stats["reclaim_syncs"] >= 1  # the shortage happened
+    assert stats["fences"] - fences <= 2, f"{stats['fences'] - fences} fences for 100 pairs"
+    assert stats["same_stream_reuse"] >= 98
+
+
+def test_stream_per_task_keeps_slots_and_events_bounded(cupy, scenarios, slow_kernels):
+    """2000 tasks, each on a new non-blocking stream: fill two blocks, check them, and free
+    them while a slow check of the first still runs, then drop the stream (every fourth task
+    retires it first). Later tasks' streams may get those bytes only after the old stream's
+    fence or a device sync: an early reuse overwrites the block under the slow check. The
+    slots, events and chunks the pool holds stay bounded (before: one slot per task, and the
+    pool grew by every dead stream's cached blocks)."""
+    _, slow_check = slow_kernels
+    pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), "64MiB")
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    spin = np.int64(scenarios.spin_cycles(0.2))
+    big, small = 1 << 20, 64 << 10
+    tasks, peak_slots, peak_events = 2000, 0, 0
+    for t in range(tasks):
+        stream = cupy.cuda.Stream(non_blocking=True)
+        r = rs(stream)
+        a = pool.allocate(big, r)
+        b = pool.allocate(small, r)
+        pattern = 2 * t + 1
+        scenarios.fill(a, big // 4, pattern, stream=stream)
+        scenarios.fill(b, small // 4, pattern + 1, stream=stream)
+        scenarios.check(b, small // 4, pattern + 1, errors=errors, stream=stream)
+        slow_check(
+            (scenarios.grid_for(big // 4),),
+            (256,),
+            (a, np.uint64(big // 4), spin, np.uint32(pattern), errors),
+            stream=stream,
+        )
+        pool.deallocate(b, small, r)
+        pool.deallocate(a, big, r)  # the slow check still reads it
+        if t % 4 == 0:
+            pool.retire_stream(r)
+        del r, stream  # destroyed with its work still queued
+        stats = pool.stats
+        peak_slots = max(peak_slots, stats["stream_slots"])
+        peak_events = max(peak_events, stats["fence_events"])
+    cupy.cuda.Device().synchronize()
+    stats = pool.stats
+    print(f"\nstream per task: peak slots {peak_slots}, peak events {peak_events}, {stats}")
+    assert int(errors.get()[0]) == 0
+    assert peak_slots <= 160, f"{peak_slots} slots for {tasks} streams"
+    assert peak_events <= 400, f"{peak_events} events for {tasks} streams"
+    assert stats["current_bytes"] == 0 and stats["retired_streams"] == tasks // 4
+    # the tasks' bytes did move between streams, through fences and device syncs
+    assert stats["cross_stream_reuse"] > 0 and stats["reclaim_syncs"] > 0
+    assert pool.pool_size() <= 512 << 20, f"pool grew to {pool.pool_size() >> 20} MiB"

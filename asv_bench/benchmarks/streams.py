@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Reuse across streams: blocks freed on one stream taken on another (each take costs a
 stream-ordered pool a wait on a fence), and a short-lived stream per task (each new stream
-gets a slot in rmm_fences' pool; a stream destroyed without ``retire_stream`` keeps it)."""
+gets a slot in rmm_fences' pool; once 64 are held, slots unused since the last sweep are
+retired, and their cached blocks are reclaimed by a device sync)."""
 
 from ._common import make, require_gpu, streams
 
@@ -75,7 +76,7 @@ class StreamPerTask:
 
 class StreamSlots:
     """rmm_fences' pool after a stream per task: slots held (each with its cache and event)
-    and bytes held from the upstream. Today both grow with the number of dead streams."""
+    and bytes held from the upstream; both stay bounded however many streams went away."""
 
     def setup(self):
         require_gpu()

@@ -73,6 +73,7 @@ cdef extern from "rmm_fences/mr/stats.hpp" namespace "rmm_fences::mr" nogil:
         uint64_t retired_streams
         uint64_t rejected_frees
         uint64_t stream_slots
+        uint64_t fence_events
 
     cdef struct hazard_tracker_stats:
         uint64_t allocations

@@ -70,6 +70,7 @@ class StreamOrderedPoolStats(TypedDict):
     retired_streams: int
     rejected_frees: int
     stream_slots: int
+    fence_events: int
 
 class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def __init__(

@@ -467,8 +467,9 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """Fence ``stream`` and hand the blocks it freed to every stream; call this before
         destroying a stream that freed memory into the pool.
 
-        Without it, blocks freed on a destroyed stream stay reserved for it until the pool
-        runs short (one device synchronization then reclaims them) or :meth:`release`.
+        Without it, blocks freed on a destroyed stream stay reserved for it until its idle
+        slot is retired and one device synchronization reclaims them (when the pool runs
+        short, or those blocks hold a quarter of the pool) or :meth:`release`.
         """
         cdef Stream s = as_stream(stream)
         cdef stream_ref c_stream = s.view()
@@ -480,7 +481,8 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``same_stream_reuse``,
         ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
         ``reclaim_syncs``, ``retired_streams``, ``rejected_frees``, ``stream_slots`` (slots
-        held, one per stream seen, retired ones included)."""
+        held now: one per stream in use; idle ones are retired once 64 are held),
+        ``fence_events`` (events held now as fences)."""
         return deref(self.c_obj).stats()
 
 

@@ -357,9 +357,14 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         void alias(uint64_t, uint64_t) except +
         void mark_foreign(uint64_t) except +
         void fail_next(int, int) except +
+        void complete(uint64_t) except +
+        void complete_all() except +
+        void destroy_stream(uint64_t) except +
+        uint64_t fences_held() except +
         void free_inside_next_sync(uint64_t, void*, size_t) except +
         uint64_t hook_free_clock()
         size_t run_threads(int, int, uint64_t) nogil except +
+        size_t run_stream_churn(int, int, uint64_t) nogil except +
         vector[string] violations() except +
         pool_core_type& core()
         pool_log& log()
@@ -461,7 +466,7 @@ cdef extern from *:
     object rmm_fences_pool_chunks(host_pool&) except +
 
 
-_POOL_FAULTS = {"record": 0, "stream_wait": 1, "sync_device": 2, "sync_stream": 3}
+_POOL_FAULTS = {"record": 0, "stream_wait": 1, "sync_device": 2, "sync_stream": 3, "query": 4}
 
 
 cdef class HostStreamOrderedPool:
@@ -535,10 +540,28 @@ cdef class HostStreamOrderedPool:
 
     def fail_next(self, kind, int count=1) -> None:
         """The next ``count`` calls of ``kind`` fail: one of ``record``, ``stream_wait``,
-        ``sync_device``, ``sync_stream``."""
+        ``sync_device``, ``sync_stream``, ``query`` (a fence test)."""
         if kind not in _POOL_FAULTS:
             raise ValueError(f"kind must be one of {sorted(_POOL_FAULTS)}, got {kind!r}")
         deref(self.c_obj).fail_next(_POOL_FAULTS[kind], count)
+
+    def complete(self, uint64_t stream) -> None:
+        """The work queued so far on ``stream`` has run: its fences query as complete."""
+        deref(self.c_obj).complete(stream)
+
+    def complete_all(self) -> None:
+        """The work queued so far on every stream has run."""
+        deref(self.c_obj).complete_all()
+
+    def destroy_stream(self, uint64_t stream) -> None:
+        """``stream`` is destroyed and its handle reused by a new stream: the pool sees the
+        same identity, the oracle another stream."""
+        deref(self.c_obj).destroy_stream(stream)
+
+    @property
+    def fences_held(self) -> int:
+        """Fences (events) the pool holds now: acquired and not yet released."""
+        return deref(self.c_obj).fences_held()
 
     def free_inside_next_sync(self, uintptr_t ptr, size_t nbytes, uint64_t stream) -> None:
         """Inside the next device sync (after its synchronization point), "another thread"
@@ -555,6 +578,14 @@ cdef class HostStreamOrderedPool:
         cdef size_t n
         with nogil:
             n = deref(self.c_obj).run_threads(threads, iterations, random_state)
+        return n
+
+    def run_stream_churn(self, int threads, int tasks, uint64_t random_state=0) -> int:
+        """Real threads, a new stream per task (see host_pool::run_stream_churn), without the
+        GIL; returns how many allocations ran out of memory."""
+        cdef size_t n
+        with nogil:
+            n = deref(self.c_obj).run_stream_churn(threads, tasks, random_state)
         return n
 
     @property

@@ -3,16 +3,20 @@
  *
  * The stream-ordered pool's policy core on host memory with logged fences (CPU tests only).
  *
- * The platform is thread-safe and can inject faults: records, stream waits and syncs that fail,
- * a capture in progress on any stream (with a capture id that forked streams share), streams
- * that report one identity, streams of another device, and a callback run inside
- * `sync_device` (another thread's free landing while the device synchronizes).
+ * The platform is thread-safe and can inject faults: records, stream waits, fence queries and
+ * syncs that fail, a capture in progress on any stream (with a capture id that forked streams
+ * share), streams that report one identity, streams of another device, and a callback run
+ * inside `sync_device` (another thread's free landing while the device synchronizes).
+ * Recorded fences complete when the test says so (`complete`, `complete_all`); a handle can
+ * be destroyed and reused by a new stream (`destroy_stream`): the pool sees the same identity,
+ * the oracle a new stream.
  *
  * An oracle checks every allocation and every chunk returned upstream: no block reaches a
  * stream other than the one that freed it without a wait on a fence recorded at or after that
- * free (or a device sync, or a sync of the freeing stream, after it), and no two live blocks
- * overlap. Memory of a new chunk counts as freed on the stream the upstream allocated it on
- * (a shared stream-ordered upstream orders its previous user's work only on that stream).
+ * free (or a device sync, or a sync of the freeing stream, or a query that found such a fence
+ * complete, after it), and no two live blocks overlap. Memory of a new chunk counts as freed
+ * on the stream the upstream allocated it on (a shared stream-ordered upstream orders its
+ * previous user's work only on that stream).
  */
 #pragma once
 
@@ -49,14 +53,19 @@ inline constexpr std::uint64_t host_private_stream = 0xFFFF'FF00ULL;
 /**
  * @brief What the pool did with fences, against a logical clock the harness advances once per
  * call: records (fence, stream, clock), stream waits (waiter, recording stream, clock of the
- * record waited on), device syncs (clock), stream syncs (stream, clock), upstream calls.
- * Every member is guarded by `mutex` (the clock is atomic).
+ * record waited on), device syncs (clock), stream syncs (stream, clock), fences found
+ * complete (stream, clock of the record), upstream calls. Every member is guarded by `mutex`
+ * (the clock is atomic).
+ *
+ * The oracle names a stream by its handle plus, from the first `destroy_stream` of that
+ * handle on, its epoch (`oracle_stream`): a handle reused by a new stream is another stream.
  */
 struct pool_log {
   mutable std::mutex mutex;
   std::atomic<std::uint64_t> clock{};
   std::vector<std::uint64_t> fence_stream;  // fence index -> stream it was last recorded on
-  std::vector<std::uint64_t> fence_clock;   // fence index -> clock of its last record
+  std::vector<std::uint64_t> fence_clock;   // fence index -> clock of its last record (0: none)
+  std::vector<bool> fence_released;         // fence index -> given back by the pool
   std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> waits;
   std::vector<std::uint64_t> syncs;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> stream_syncs;  // (stream, clock)
@@ -64,12 +73,20 @@ struct pool_log {
   std::map<std::uint64_t, std::uint64_t> capture_ids;  // capturing stream -> capture id
   std::map<std::uint64_t, std::uint64_t> aliases;      // stream -> the identity it reports
   std::set<std::uint64_t> foreign;                     // streams of another device
+  std::map<std::uint64_t, std::uint64_t> epochs;       // handle -> times it was destroyed
   std::uint64_t records{};
+  std::uint64_t fences_acquired{};
+  std::uint64_t fences_released{};
+  // Completion: work of a stream queued up to these clocks ran (per oracle stream; all).
+  std::map<std::uint64_t, std::uint64_t> completed;
+  std::uint64_t completed_all{};
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> observed;  // fences found complete
   // Fault injection: the next N calls of each kind fail.
   int fail_records{};
   int fail_waits{};
   int fail_syncs{};
   int fail_stream_syncs{};
+  int fail_queries{};
   std::function<void()> sync_hook;  // run once inside the next successful sync_device
   // Upstream calls: (allocate?, address, bytes, stream, clock).
   std::vector<std::tuple<bool, std::uintptr_t, std::size_t, std::uint64_t, std::uint64_t>>
@@ -88,6 +105,13 @@ struct pool_log {
   std::uint64_t tick() noexcept { return clock.fetch_add(1, std::memory_order_relaxed) + 1; }
   std::uint64_t now() const noexcept { return clock.load(std::memory_order_relaxed); }
 
+  /// The oracle's name of the stream that handle `s` names now (caller holds mutex).
+  [[nodiscard]] std::uint64_t oracle_stream(std::uint64_t s) const
+  {
+    auto it = epochs.find(s);
+    return it == epochs.end() ? s : s + (it->second << 40);
+  }
+
   /// True when `waiter` is ordered after `stream`'s work up to `at` (caller holds mutex).
   [[nodiscard]] bool ordered_after(std::uint64_t waiter,
                                    std::uint64_t stream,
@@ -102,6 +126,9 @@ struct pool_log {
     }
     for (auto const& [w, s, c] : waits) {
       if (w == waiter && s == stream && c >= at) { return true; }
+    }
+    for (auto const& [s, c] : observed) {
+      if (s == stream && c >= at) { return true; }
     }
     return false;
   }
@@ -149,18 +176,19 @@ struct pool_log {
          << " bytes) overlaps a live block";
       violation(os.str());
     }
-    hand_over(p, size, stream, "allocation");
+    hand_over(p, size, oracle_stream(stream), "allocation");
     live[p] = {bytes, size};
   }
 
-  /// A user free of a live block (as the oracle knows it); other frees are ignored.
+  /// A user free of a live block (as the oracle knows it) on handle `stream`; other frees are
+  /// ignored.
   void note_free(void* ptr, std::size_t bytes, std::uint64_t stream, std::uint64_t at)
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto const p = reinterpret_cast<std::uintptr_t>(ptr);
     auto it      = live.find(p);
     if (it == live.end() || it->second.first != bytes) { return; }
-    freed[p] = {p + it->second.second, stream, at};
+    freed[p] = {p + it->second.second, oracle_stream(stream), at};
     live.erase(it);
   }
 };
@@ -193,9 +221,22 @@ class host_pool_platform {
     std::lock_guard<std::mutex> lock(log_->mutex);
     log_->fence_stream.push_back(0);
     log_->fence_clock.push_back(0);
+    log_->fence_released.push_back(false);
+    ++log_->fences_acquired;
     return log_->fence_stream.size() - 1;
   }
-  void release_fence(fence_type) noexcept {}
+
+  /// Counts the fence as given back (a second release of one fence is an oracle violation).
+  void release_fence(fence_type f) noexcept
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    if (log_->fence_released[f]) {
+      log_->violation("fence " + std::to_string(f) + " released twice");
+      return;
+    }
+    log_->fence_released[f] = true;
+    ++log_->fences_released;
+  }
 
   bool record(fence_type f, stream_type s) noexcept
   {
@@ -204,7 +245,8 @@ class host_pool_platform {
       --log_->fail_records;
       return false;
     }
-    log_->fence_stream[f] = s;
+    if (log_->fence_released[f]) { log_->violation("record of a released fence"); }
+    log_->fence_stream[f] = log_->oracle_stream(s);
     log_->fence_clock[f]  = log_->now();
     ++log_->records;
     return true;
@@ -217,8 +259,35 @@ class host_pool_platform {
       --log_->fail_waits;
       return false;
     }
+    if (log_->fence_released[f]) { log_->violation("wait on a released fence"); }
     try {
-      log_->waits.emplace_back(waiter, log_->fence_stream[f], log_->fence_clock[f]);
+      log_->waits.emplace_back(
+        log_->oracle_stream(waiter), log_->fence_stream[f], log_->fence_clock[f]);
+    } catch (...) {
+      return false;
+    }
+    return true;
+  }
+
+  /// True when the fence's last record is known complete (`complete`, `complete_all`); the
+  /// oracle then counts its stream's work up to that record as done for every stream.
+  bool ready(fence_type f) noexcept
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    if (log_->fail_queries > 0) {
+      --log_->fail_queries;
+      return false;
+    }
+    if (log_->fence_released[f]) { log_->violation("query of a released fence"); }
+    auto const at = log_->fence_clock[f];
+    if (at == 0) { return false; }  // never recorded: never read as a fence
+    auto const stream = log_->fence_stream[f];
+    auto it           = log_->completed.find(stream);
+    if (log_->completed_all < at && (it == log_->completed.end() || it->second < at)) {
+      return false;
+    }
+    try {
+      log_->observed.emplace_back(stream, at);
     } catch (...) {
       return false;
     }
@@ -258,7 +327,7 @@ class host_pool_platform {
       return false;
     }
     if (log_->capturing.count(s) > 0) { return false; }
-    log_->stream_syncs.emplace_back(s, log_->now());
+    log_->stream_syncs.emplace_back(log_->oracle_stream(s), log_->now());
     return true;
   }
 
@@ -312,10 +381,11 @@ class host_chunk_upstream {
     std::lock_guard<std::mutex> lock(log_->mutex);
     auto const a  = reinterpret_cast<std::uintptr_t>(p);
     auto const at = log_->now();
+    auto const on = log_->oracle_stream(stream);
     log_->upstream_calls.emplace_back(true, a, bytes, stream, at);
     // The previous user's work on these bytes is ordered only on `stream`.
-    log_->hand_over(a, bytes, stream, "upstream chunk");
-    log_->freed[a] = {a + bytes, stream, at};
+    log_->hand_over(a, bytes, on, "upstream chunk");
+    log_->freed[a] = {a + bytes, on, at};
     return p;
   }
 
@@ -326,7 +396,7 @@ class host_chunk_upstream {
       std::lock_guard<std::mutex> lock(log_->mutex);
       auto const a = reinterpret_cast<std::uintptr_t>(p);
       log_->upstream_calls.emplace_back(false, a, bytes, stream, log_->now());
-      log_->hand_over(a, bytes, stream, "chunk returned upstream");
+      log_->hand_over(a, bytes, log_->oracle_stream(stream), "chunk returned upstream");
     }
     used_ -= bytes;
     live_.erase(p);
@@ -422,14 +492,46 @@ class host_pool {
     std::lock_guard<std::mutex> lock(log_->mutex);
     log_->foreign.insert(stream);
   }
-  /// The next `n` calls of `kind` (0 record, 1 stream wait, 2 device sync, 3 stream sync) fail.
+  /// The next `n` calls of `kind` (0 record, 1 stream wait, 2 device sync, 3 stream sync,
+  /// 4 fence query) fail.
   void fail_next(int kind, int n)
   {
     std::lock_guard<std::mutex> lock(log_->mutex);
     (kind == 0   ? log_->fail_records
      : kind == 1 ? log_->fail_waits
      : kind == 2 ? log_->fail_syncs
-                 : log_->fail_stream_syncs) = n;
+     : kind == 3 ? log_->fail_stream_syncs
+                 : log_->fail_queries) = n;
+  }
+
+  /// The work queued so far on the stream that `stream` names has run: its fences recorded
+  /// until now query as complete.
+  void complete(std::uint64_t stream)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->completed[log_->oracle_stream(stream)] = log_->now();
+  }
+
+  /// The work queued so far on every stream has run.
+  void complete_all()
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->completed_all = log_->now();
+  }
+
+  /// The stream that `stream` names is destroyed: a later use of the handle is a new stream
+  /// for the oracle, while the pool sees the same identity (a handle reused by the driver).
+  void destroy_stream(std::uint64_t stream)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    ++log_->epochs[stream];
+  }
+
+  /// Fences the pool holds now (acquired and not released).
+  std::uint64_t fences_held()
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    return log_->fences_acquired - log_->fences_released;
   }
 
   /// Inside the next device sync, "another thread" frees `p` on `stream` (after the sync
@@ -498,6 +600,94 @@ class host_pool {
         }
         for (auto const& [p, n] : mine) {
           deallocate_unchecked(own, p, n);
+        }
+      });
+    }
+    for (auto& th : pool) {
+      th.join();
+    }
+    return ooms.load();
+  }
+
+  /**
+   * @brief Real threads, a new stream per task: each task allocates a few blocks on a stream
+   * of its own and frees them there (one now and then outlives the task: the thread's
+   * long-lived stream frees it later), then drops the stream. Most tasks' streams get an
+   * identity never used again (as `cuStreamGetId` gives); others are retired and their handle
+   * is reused by a later task (the pool sees the same identity, the oracle a new stream);
+   * some are retired and dropped. Between tasks the long-lived stream allocates (taking
+   * tasks' fenced blocks) and frees; fences complete now and then; faults are injected and
+   * the pool released now and then, against a bounded pool: idle slots are retired while
+   * other threads use theirs. Runs without the GIL; the oracle records violations.
+   * @return allocations that raised out-of-memory
+   */
+  std::size_t run_stream_churn(int threads, int tasks, std::uint64_t random_state)
+  {
+    std::atomic<std::size_t> ooms{};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([this, t, tasks, random_state, &ooms] {
+        std::mt19937_64 rng(random_state * 1000003 + static_cast<std::uint64_t>(t));
+        auto const tt               = static_cast<std::uint64_t>(t);
+        std::uint64_t const lasting = 1000 + tt;
+        std::vector<std::pair<void*, std::size_t>> held;  // freed later on `lasting`
+        auto size = [&rng] {
+          return (rng() % 8 == 0) ? (std::size_t{1} << (14 + rng() % 5)) : 256 * (1 + rng() % 32);
+        };
+        auto try_allocate = [&](std::uint64_t s, std::size_t n) -> void* {
+          try {
+            return allocate(s, n, 256);
+          } catch (pool_host_out_of_memory const&) {
+            ++ooms;
+            return nullptr;
+          }
+        };
+        for (int i = 0; i < tasks; ++i) {
+          bool const reuse = rng() % 4 == 0;
+          // A reused handle belongs to this thread alone; a fresh identity is never reused.
+          std::uint64_t const s =
+            reuse ? 0x10000 + tt * 8 + rng() % 8 : ((tt + 1) << 24) + static_cast<std::uint64_t>(i);
+          std::vector<std::pair<void*, std::size_t>> mine;
+          auto const blocks = 1 + rng() % 4;
+          for (std::uint64_t k = 0; k < blocks; ++k) {
+            auto const n = size();
+            if (void* p = try_allocate(s, n); p != nullptr) { mine.emplace_back(p, n); }
+          }
+          for (auto const& [p, n] : mine) {
+            if (rng() % 8 == 0) {
+              held.emplace_back(p, n);
+            } else {
+              deallocate_unchecked(s, p, n);
+            }
+          }
+          if (rng() % 2 == 0) {  // one more round on the task's stream: its own blocks
+            auto const n = size();
+            if (void* p = try_allocate(s, n); p != nullptr) { deallocate_unchecked(s, p, n); }
+          }
+          if (reuse || rng() % 8 == 0) { retire(s); }
+          if (reuse) { destroy_stream(s); }
+          auto const r = rng() % 16;
+          if (r < 4) {
+            auto const n = size();
+            if (void* p = try_allocate(lasting, n); p != nullptr) { held.emplace_back(p, n); }
+          } else if (r < 8 && !held.empty()) {
+            auto const k = rng() % held.size();
+            auto const b = held[k];
+            held[k]      = held.back();
+            held.pop_back();
+            deallocate_unchecked(lasting, b.first, b.second);
+          } else if (r == 8) {
+            complete_all();
+          } else if (r == 9) {
+            complete(lasting);
+          } else if (r == 10 && rng() % 16 == 0) {
+            release();
+          } else if (r == 11 && rng() % 4 == 0) {
+            fail_next(static_cast<int>(rng() % 5), 1);
+          }
+        }
+        for (auto const& [p, n] : held) {
+          deallocate_unchecked(lasting, p, n);
         }
       });
     }

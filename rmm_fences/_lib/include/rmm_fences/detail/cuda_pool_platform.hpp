@@ -2,7 +2,7 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * CUDA mechanism (docs/design.md#layers, CUDA platforms) of the stream-ordered pool: stream
- * identity, fences, device-side waits.
+ * identity, fences, fence queries (`ready`, from `cuda_platform_base`), device-side waits.
  */
 #pragma once
 
@@ -69,16 +69,28 @@ class cuda_pool_platform : public cuda_platform_base {
     return query_id(handle);
   }
 
-  /// A new event (the pool keeps one per stream slot: no event pool).
+  /**
+   * @brief A new event: the fence of one stream slot, re-recorded at each of its fences.
+   *
+   * The core keeps it while its slot or a block it tags needs it, so the events held stay
+   * bounded however many streams come and go (`stats["fence_events"]`). Created and destroyed
+   * in relaxed capture mode: a slot is retired, and its fence dropped, during ordinary calls,
+   * possibly while another thread captures in the global mode.
+   */
   [[nodiscard]] cudaEvent_t acquire_fence() const
   {
     rmm::cuda_set_device_raii guard{device_};
+    relaxed_capture_scope relaxed;
     cudaEvent_t event{};
     RMM_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     return event;
   }
 
-  static void release_fence(cudaEvent_t event) noexcept { (void)cudaEventDestroy(event); }
+  static void release_fence(cudaEvent_t event) noexcept
+  {
+    relaxed_capture_scope relaxed;
+    if (cudaEventDestroy(event) != cudaSuccess) { (void)cudaGetLastError(); }
+  }
 
   /// Synchronizes the pool's device (the core relaxes capture mode around it: `relax`).
   bool sync_device() const noexcept { return sync_device_of(device_); }

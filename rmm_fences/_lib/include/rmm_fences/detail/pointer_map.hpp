@@ -99,6 +99,16 @@ class pointer_map {
     --size_;
   }
 
+  /// Erases every entry (the table keeps its size: nothing is allocated).
+  void clear() noexcept
+  {
+    for (auto& s : slots_) {
+      s.key   = 0;
+      s.value = Value{};
+    }
+    size_ = 0;
+  }
+
   /// Calls `fn(key, value)` for every entry.
   template <typename Fn>
   void for_each(Fn&& fn) const

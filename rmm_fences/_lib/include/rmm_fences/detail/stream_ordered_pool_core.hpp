@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -77,8 +78,10 @@ struct free_result {
  *   using stream_type; using fence_type; using out_of_memory;   // the upstream's exception
  *   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t pool_bytes);
  *   std::uint64_t stream_id(stream_type) noexcept;             // identity, never reused
+ *   static stream_type default_stream() noexcept;
  *   fence_type acquire_fence(); void release_fence(fence_type) noexcept;
  *   bool record(fence_type, stream_type) noexcept;             // after work queued on stream
+ *   bool ready(fence_type) noexcept;    // true only when the last record is known complete
  *   bool device_wait(stream_type waiter, fence_type) noexcept; // device-side wait, no host sync
  *   bool is_capturing(stream_type) noexcept;
  *   bool sync_device() noexcept;
@@ -93,25 +96,37 @@ struct free_result {
  *
  * Design (docs/stream_ordered_pool.md says the same for users):
  *
- *  - Every stream identity S has a slot. A block freed on S goes to S's *cache*, a free list
- *    that only S allocates from: stream order makes that reuse safe at once, with no CUDA call.
+ *  - Every stream identity S in use has a slot. A block freed on S goes to S's *cache*, a
+ *    free list that only S allocates from: stream order makes that reuse safe at once, with no
+ *    CUDA call.
  *  - Fences are batched: S records one event (its slot's fence, re-recorded each time) when
- *    its cache holds `fence_batch` blocks or `pool_size / fence_fraction` bytes (the last
- *    exact-size frees count only once another stream ran short while S held free blocks: a
- *    stream that keeps reusing its own blocks, however big, never records one), when another
- *    stream asked for S's blocks, or when S is retired. Recording happens on a call that uses
- *    S, so S is alive. All of S's cached blocks then move to the shared list, tagged with
- *    (S, fence number).
- *  - A stream T takes a tagged block only after enqueuing `device_wait(T, fence of S)`, unless T
- *    already waited on an equal or later fence of S. Waiting on a later record of S's fence is
- *    correct (it orders T after more of S's work), so one event per slot suffices.
- *  - Blocks of a stream destroyed without being retired stay in its cache: the pool never
- *    records on a stream it was not called with. `retire_stream(S)` fences S and hands its
- *    blocks to everyone. Right before out-of-memory, the pool synchronizes the device once and
- *    reclaims what that sync covers: the caches and fenced shared blocks are detached first,
- *    then the device is synchronized, then only the detached blocks lose their fences (a block
- *    freed and fenced by another thread meanwhile keeps its fence). `release()` does the same
- *    and returns whole free chunks that no fence guards upstream.
+ *    its cache holds `fence_batch` blocks, when another stream asked for S's blocks, or when S
+ *    is retired; and, once another stream ran short while S held free blocks, when its cache
+ *    holds `pool_size / fence_fraction` bytes. S stops fencing by bytes when it takes back a
+ *    block it fenced that nobody else took: a stream that reuses its own blocks, however big,
+ *    records no fence per free. Recording happens on a call that uses S, so S is alive. All of
+ *    S's cached blocks then move to the shared list, tagged with (S's fence, fence number).
+ *  - A stream T takes a tagged block only after enqueuing `device_wait(T, fence)`, unless T
+ *    already waited on an equal or later record of that fence. Waiting on a later record is
+ *    correct (it orders T after more of S's work), so one event per slot suffices. A tag drops
+ *    a fence once a query found it complete (`ready`): when a merged block carries more than
+ *    `tag_prune_minimum` fences (and twice as many as after its last pruning), and at sweeps.
+ *  - Slots of streams that went away are retired: when the slots reach `sweep_bound_`
+ *    (`slot_sweep_minimum`, then the slots kept plus the larger of `slot_sweep_minimum` and
+ *    half of them), every slot unused since the previous sweep is retired. Its cache cannot be
+ * fenced (its stream may be gone), so its blocks become *orphans*, which only a device
+ * synchronization frees; its live blocks stay findable; the slot object is kept for a new stream.
+ * Its fence lives on with the blocks it tags: a new stream, even on a reused handle or identity,
+ * gets another fence and waits on the old one. Callers never hold a slot across a sweep: a thread's
+ * cached slot carries an incarnation, checked under the slot's lock (retirement changes it), and a
+ * call that must release the lock first *pins* the slot (no retirement while pinned).
+ *  - The pool never records on a stream it was not called with. `retire_stream(S)` fences S
+ *    and hands its blocks to everyone. Before growing, when orphans hold a quarter of the pool
+ *    and enough for the request, and right before out-of-memory, the pool synchronizes the
+ *    device once and reclaims what that sync covers: the caches, orphans and fenced shared
+ *    blocks are detached first, then the device is synchronized, then only the detached blocks
+ *    lose their fences (a block freed and fenced by another thread meanwhile keeps its fence).
+ *    `release()` does the same and returns whole free chunks that no fence guards upstream.
  *  - Growth allocates from the upstream on the requesting stream S (a stream-ordered
  *    upstream may hand out memory whose previous user's work is ordered only on S): the
  *    carved block is ordered for S, and the rest is listed tagged with a fence of S recorded
@@ -119,14 +134,14 @@ struct free_result {
  *    (never S: that would put an allocation node into the graph; never the legacy stream),
  *    synchronizes P and lists the chunk untagged. Chunks go back upstream on P.
  *  - Every slot keeps the blocks it handed out (address -> requested bytes): a free finds its
- *    block in the freeing stream's slot (the common case) or in another slot, one slot lock
- *    at a time, before touching any list; a double free, a foreign pointer or a wrong size
- *    is refused and counted, and changes nothing.
+ *    block in the freeing stream's slot (the common case), in another slot, one slot lock at a
+ *    time, or among the live blocks of retired slots, before touching any list; a double free,
+ *    a foreign pointer or a wrong size is refused and counted, and changes nothing.
  *  - Locks: each slot has its own mutex (the common path takes only the calling stream's);
  *    the shared list has one; growth from the upstream holds only `growth_mutex_`, never a
  *    lock another stream needs for its own blocks. Lock order: reclaim -> slots -> slot ->
- *    fence; shared -> chunks; slot -> chunks; no thread holds a slot's mutex and the shared
- *    list's at once.
+ *    fence; slots -> orphans -> chunks; shared -> fence; shared -> chunks; slot -> chunks; no
+ *    thread holds a slot's mutex and the shared list's or the orphans' at once.
  *  - During capture of the calling stream: no fence is recorded and no stream wait enqueued;
  *    allocation uses the stream's cache, untagged shared blocks, or upstream growth.
  */
@@ -138,7 +153,8 @@ class stream_ordered_pool_core {
 
   /// Cached blocks after which a stream's cache is fenced and shared.
   static constexpr std::size_t fence_batch = 32;
-  /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced.
+  /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced, once
+  /// another stream ran short while this one held free blocks.
   static constexpr std::size_t fence_fraction = 16;
   /// Bytes a stream's allocation balance may drift before it is added to the pool's totals
   /// (so streams on different threads do not contend on one counter).
@@ -153,6 +169,14 @@ class stream_ordered_pool_core {
   /// space; and rounding to the granule cannot overflow below it).
   static constexpr std::size_t max_request = SIZE_MAX / 2;
   static_assert(max_request <= max_granule_size);
+  /// Slots held before the first sweep retires idle ones (and the least bound of later ones).
+  static constexpr std::size_t slot_sweep_minimum = 64;
+  /// Fences a shared block carries before those known complete are dropped.
+  static constexpr std::size_t tag_prune_minimum = 16;
+  /// Fences a stream remembers having waited on (forgetting costs only a repeated wait).
+  static constexpr std::size_t waited_capacity = 64;
+  /// `for_each_free_block`'s owner of orphans (blocks only a device synchronization frees).
+  static constexpr std::uint64_t orphan_owner = std::numeric_limits<std::uint64_t>::max();
 
   template <typename... PlatformArgs>
   stream_ordered_pool_core(Upstream upstream,
@@ -164,7 +188,8 @@ class stream_ordered_pool_core {
       upstream_{std::move(upstream)},
       maximum_pool_size_{maximum_pool_size},
       maximum_growth_size_{maximum_growth_size},
-      generation_{next_generation()}
+      pool_key_{next_pool_key()},
+      default_id_{platform_.stream_id(Platform::default_stream())}
   {
     if (initial_pool_size > 0) {
       if (initial_pool_size > max_request) { Platform::throw_out_of_memory(initial_pool_size, 0); }
@@ -193,19 +218,19 @@ class stream_ordered_pool_core {
    */
   void shutdown(bool device_alive) noexcept
   {
-    shared_.take_all();  // drops the shared list's references to slots
-    for (auto& [id, slot] : slots_) {
+    release_events_ = device_alive;
+    shared_.take_all();  // drops the shared list's references to fences
+    orphans_.take_all();
+    orphan_live_.clear();
+    for (auto& slot : all_slots_) {
       slot->cache.take_all();
       slot->recent_count = 0;
-      if (!device_alive) { slot->fence.reset(); }
-    }
-    for (auto& slot : retired_) {
-      slot->cache.take_all();
-      slot->recent_count = 0;
-      if (!device_alive) { slot->fence.reset(); }
+      slot->cell.reset();
     }
     slots_.clear();
-    retired_.clear();
+    retiring_.clear();
+    spare_.clear();
+    all_slots_.clear();
     if (device_alive) {
       [[maybe_unused]] auto relaxed = platform_.relax();
       for (auto& [ptr, size] : chunks_) {
@@ -220,16 +245,24 @@ class stream_ordered_pool_core {
   /**
    * @brief The same-stream path alone: a block freed earlier on `stream`, or nullptr.
    *
-   * Makes no CUDA call but the stream identity query, never blocks, never grows the pool.
+   * Makes no CUDA call but the stream identity query (for a stream seen first: its device, and
+   * fence queries of a sweep of idle slots), never blocks, never grows the pool.
    */
   [[nodiscard]] void* try_allocate_cached(stream_type stream,
                                           std::size_t bytes,
                                           std::size_t alignment)
   {
     if (!valid_request(bytes, alignment)) { return nullptr; }  // `allocate` says why
-    auto* slot = lookup(stream);
-    if (slot == nullptr) { return nullptr; }
-    return from_cache(*slot, bytes, round_to_granule(bytes), std::max(alignment, pool_granularity));
+    auto const size  = round_to_granule(bytes);
+    auto const align = std::max(alignment, pool_granularity);
+    for (bool const refresh : {false, true}) {
+      auto const ref = lookup(stream, refresh);
+      if (ref.slot == nullptr) { return nullptr; }
+      bool stale = false;
+      void* ptr  = from_cache(ref, bytes, size, align, /*pin_on_miss=*/false, stale);
+      if (!stale) { return ptr; }
+    }
+    return nullptr;
   }
 
   /**
@@ -243,19 +276,33 @@ class stream_ordered_pool_core {
   [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment)
   {
     if (!valid_request(bytes, alignment)) { reject_request(bytes, alignment); }
-    auto const size  = round_to_granule(bytes);
-    auto const align = std::max(alignment, pool_granularity);
-    auto* slot_ptr   = lookup(stream);
-    if (slot_ptr == nullptr) {
-      throw std::invalid_argument(
-        "StreamOrderedPoolMemoryResource: stream belongs to another device than the pool's");
+    auto const size     = round_to_granule(bytes);
+    auto const align    = std::max(alignment, pool_granularity);
+    slot_type* slot_ptr = nullptr;
+    for (bool refresh = false;; refresh = true) {
+      auto const ref = lookup(stream, refresh);
+      if (ref.slot == nullptr) {
+        throw std::invalid_argument(
+          "StreamOrderedPoolMemoryResource: stream belongs to another device than the pool's");
+      }
+      bool stale = false;
+      void* ptr  = from_cache(ref, bytes, size, align, /*pin_on_miss=*/true, stale);
+      if (ptr != nullptr) { return ptr; }
+      if (!stale) {
+        slot_ptr = ref.slot;
+        break;
+      }
     }
     auto& slot = *slot_ptr;
-    if (void* ptr = from_cache(slot, bytes, size, align); ptr != nullptr) { return ptr; }
+    pin_guard const pinned{slot};  // from_cache pinned it on the miss
     if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     request_fences(slot);
+    bool const capturing = platform_.is_capturing(stream);
+    if (!capturing && orphans_worth_a_sync(size) && reclaim()) {
+      if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
+    }
     if (void* ptr = grow(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
-    if (!platform_.is_capturing(stream) && reclaim()) {
+    if (!capturing && reclaim()) {
       if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     }
     Platform::throw_out_of_memory(bytes, pool_bytes_.load(std::memory_order_relaxed));
@@ -275,45 +322,56 @@ class stream_ordered_pool_core {
   /// `deallocate` that tells what it found instead of reporting it (counted all the same).
   free_result deallocate_checked(stream_type stream, void* ptr, std::size_t bytes) noexcept
   {
-    auto* slot_ptr = lookup(stream);
-    if (slot_ptr == nullptr) {
-      rejected_frees_.fetch_add(1, std::memory_order_relaxed);
-      return {free_status::foreign_stream, 0};
-    }
-    auto& slot     = *slot_ptr;
     auto const key = reinterpret_cast<std::uintptr_t>(ptr);
-    std::unique_lock<spin_mutex> lock(slot.mutex);
-    if (auto const i = slot.live.find_index(key); i != slot.live.npos) {
-      if (slot.live.value_at(i) != bytes) {
-        rejected_frees_.fetch_add(1, std::memory_order_relaxed);
-        return {free_status::size_mismatch, slot.live.value_at(i)};
-      }
-      slot.live.erase_at(i);
-    } else {
-      lock.unlock();
-      auto const r = take_live_elsewhere(slot, key, bytes);
-      if (r.status != free_status::done) {
-        rejected_frees_.fetch_add(1, std::memory_order_relaxed);
-        return r;
-      }
-      lock.lock();
-    }
-    auto const size = round_to_granule(bytes);
-    slot.balance -= static_cast<std::int64_t>(size);
-    if (slot.balance <= -accounting_batch) { settle(slot); }
-    if (slot.recent_count < recent_capacity) {
-      slot.recent[slot.recent_count++] = {static_cast<char*>(ptr), size};
-      slot.recent_bytes += size;
-    } else {
+    for (bool refresh = false;; refresh = true) {
+      slot_ref ref;
       try {
-        slot.cache.insert(static_cast<char*>(ptr), size, no_tag{}, chunk_start_test());
-      } catch (...) {
-        // No host memory to list the block: it stays allocated (never reused early).
-        return {};
+        ref = lookup(stream, refresh);
+      } catch (...) {  // no host memory for a new slot
+        return free_without_slot(ptr, key, bytes);
       }
+      if (ref.slot == nullptr) {
+        rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+        return {free_status::foreign_stream, 0};
+      }
+      auto& slot = *ref.slot;
+      std::unique_lock<spin_mutex> lock(slot.mutex);
+      if (slot.incarnation != ref.incarnation || slot.retiring) { continue; }  // retired
+      ++slot.uses;
+      if (auto const i = slot.live.find_index(key); i != slot.live.npos) {
+        if (slot.live.value_at(i) != bytes) {
+          rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+          return {free_status::size_mismatch, slot.live.value_at(i)};
+        }
+        slot.live.erase_at(i);
+      } else {
+        ++slot.pins;  // the slot stays this stream's while its lock is released
+        lock.unlock();
+        auto const r = take_live_elsewhere(&slot, key, bytes);
+        lock.lock();
+        --slot.pins;
+        if (r.status != free_status::done) {
+          rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+          return r;
+        }
+      }
+      auto const size = round_to_granule(bytes);
+      slot.balance -= static_cast<std::int64_t>(size);
+      if (slot.balance <= -accounting_batch) { settle(slot); }
+      if (slot.recent_count < recent_capacity) {
+        slot.recent[slot.recent_count++] = {static_cast<char*>(ptr), size};
+        slot.recent_bytes += size;
+      } else {
+        try {
+          slot.cache.insert(static_cast<char*>(ptr), size, no_tag{}, chunk_start_test());
+        } catch (...) {
+          // No host memory to list the block: it stays allocated (never reused early).
+          return {};
+        }
+      }
+      if (should_fence(slot)) { fence_and_share(slot, stream, lock); }
+      return {};
     }
-    if (should_fence(slot)) { fence_and_share(slot, stream, lock); }
-    return {};
   }
 
   /**
@@ -324,21 +382,35 @@ class stream_ordered_pool_core {
    */
   void retire_stream(stream_type stream)
   {
-    auto const id = platform_.stream_id(stream);
-    std::shared_ptr<slot_type> slot;
+    auto const id   = platform_.stream_id(stream);
+    slot_type* slot = nullptr;
     {
       std::unique_lock<std::shared_mutex> lock(slots_mutex_);
       auto it = slots_.find(id);
       if (it == slots_.end()) { return; }
       slot = it->second;
+      retiring_.push_back(slot);
       slots_.erase(it);
-      generation_.store(next_generation(), std::memory_order_release);
-      retired_.push_back(slot);
+      std::lock_guard<spin_mutex> slot_lock(slot->mutex);
+      slot->retiring = true;  // callers that cached it go to a new slot
+      ++slot->pins;           // no sweep takes it before it is fenced
     }
-    std::unique_lock<spin_mutex> lock(slot->mutex);
-    settle(*slot);  // a retired slot's balance would otherwise skew the totals (and the peak)
-    fence_and_share(*slot, stream, lock);
+    {
+      std::unique_lock<spin_mutex> lock(slot->mutex);
+      settle(*slot);  // a retired slot's balance would otherwise skew the totals (and the peak)
+      fence_and_share(*slot, stream, lock);
+    }
+    {
+      std::lock_guard<spin_mutex> lock(slot->mutex);
+      --slot->pins;
+    }
     retired_count_.fetch_add(1, std::memory_order_relaxed);
+    // Given up now unless another call still holds it (then a later sweep does it).
+    std::unique_lock<std::shared_mutex> lock(slots_mutex_);
+    auto it = std::find(retiring_.begin(), retiring_.end(), slot);
+    if (it != retiring_.end() && give_up_locked(*slot, /*only_if_idle=*/false)) {
+      retiring_.erase(it);
+    }
   }
 
   /**
@@ -412,7 +484,7 @@ class stream_ordered_pool_core {
     s.current_bytes = static_cast<std::uint64_t>(current_bytes_.load(std::memory_order_relaxed));
     s.peak_bytes    = peak_bytes_.load(std::memory_order_relaxed);
     s.pool_bytes    = pool_bytes_.load(std::memory_order_relaxed);
-    s.same_stream_reuse  = same_stream;
+    s.same_stream_reuse  = same_stream + retired_hits_.load(std::memory_order_relaxed);
     s.cross_stream_reuse = cross_stream_reuse_.load(std::memory_order_relaxed);
     s.upstream_growths   = growths_.load(std::memory_order_relaxed);
     s.fences             = fences_.load(std::memory_order_relaxed);
@@ -421,10 +493,12 @@ class stream_ordered_pool_core {
     s.retired_streams    = retired_count_.load(std::memory_order_relaxed);
     s.rejected_frees     = rejected_frees_.load(std::memory_order_relaxed);
     s.stream_slots       = slots;
+    s.fence_events       = events_.load(std::memory_order_relaxed);
     return s;
   }
 
-  /// Free blocks listed (in caches and shared), for tests: calls f(ptr, size, owner id or 0).
+  /// Free blocks listed (in caches, shared, orphaned), for tests: calls f(ptr, size, owner)
+  /// with the owner's stream id, 0 for shared blocks or `orphan_owner`.
   template <typename F>
   void for_each_free_block(F&& f)
   {
@@ -435,8 +509,12 @@ class stream_ordered_pool_core {
       }
       slot.cache.for_each([&](char* p, std::size_t n, no_tag&) { f(p, n, slot.id); });
     });
-    std::lock_guard<std::mutex> lock(shared_mutex_);
-    shared_.for_each([&](char* p, std::size_t n, fence_tag&) { f(p, n, std::uint64_t{0}); });
+    {
+      std::lock_guard<std::mutex> lock(shared_mutex_);
+      shared_.for_each([&](char* p, std::size_t n, fence_tag&) { f(p, n, std::uint64_t{0}); });
+    }
+    std::lock_guard<std::mutex> lock(orphan_mutex_);
+    orphans_.for_each([&](char* p, std::size_t n, no_tag&) { f(p, n, orphan_owner); });
   }
 
   /// Upstream chunks, for tests: (address, size) in address order.
@@ -455,11 +533,43 @@ class stream_ordered_pool_core {
     static no_tag merge(no_tag, no_tag) noexcept { return {}; }
   };
 
-  struct slot_type;
+  /**
+   * @brief One slot's fence: an event re-recorded at each fence of the slot, shared with the
+   * blocks it tags (it outlives the slot's stream while it guards blocks; a slot given to a
+   * new stream gets another one unless nothing else holds it).
+   */
+  struct fence_cell {
+    fence_cell(stream_ordered_pool_core* owner, std::uint64_t serial_no)
+      : pool{owner}, serial{serial_no}
+    {
+    }
+    ~fence_cell()
+    {
+      if (event.has_value()) { pool->release_event(*event); }
+    }
+    fence_cell(fence_cell const&)            = delete;
+    fence_cell& operator=(fence_cell const&) = delete;
 
-  /// The fences a user of a shared block must wait for: (slot, fence number) per stream.
+    /// True when the work before record `number` is known complete (`ready`: a failed query
+    /// is not).
+    bool complete(std::uint64_t at_least) noexcept
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      return event.has_value() && number >= at_least && pool->platform_.ready(*event);
+    }
+
+    stream_ordered_pool_core* const pool;
+    std::uint64_t const serial;  // tells fences apart in `slot_type::waited`
+    std::mutex mutex;            // guards event and number
+    std::optional<fence_type> event;
+    std::uint64_t number{};  // how many times it was recorded
+  };
+  using cell_ptr = std::shared_ptr<fence_cell>;
+
+  /// The fences a user of a shared block must wait for: (fence, record number) per stream.
   struct fence_tag {
-    std::vector<std::pair<std::shared_ptr<slot_type>, std::uint64_t>> needs;
+    std::vector<std::pair<cell_ptr, std::uint64_t>> needs;
+    std::size_t prune_at{tag_prune_minimum};  // prune when a merge brings more needs
 
     static fence_tag merge(fence_tag a, fence_tag b)
     {
@@ -472,51 +582,81 @@ class stream_ordered_pool_core {
           it->second = std::max(it->second, need.second);
         }
       }
+      a.prune_at = std::max(a.prune_at, b.prune_at);
+      if (a.needs.size() > a.prune_at) {
+        // Coalescing gathers the fences of every stream that freed into a block: drop those
+        // known complete (amortized: the bound doubles over what is left).
+        a.needs.erase(std::remove_if(a.needs.begin(),
+                                     a.needs.end(),
+                                     [](auto const& n) { return n.first->complete(n.second); }),
+                      a.needs.end());
+        a.prune_at = std::max(tag_prune_minimum, 2 * a.needs.size());
+      }
       return a;
     }
   };
 
   /// One stream identity: its cache of freed blocks and its fence (own cache lines: threads
-  /// on different streams touch different slots).
+  /// on different streams touch different slots). Slot objects live as long as the pool: a
+  /// retired one is reset and given to the next new stream.
   struct alignas(64) slot_type {
-    slot_type(std::uint64_t stream_id, std::uint64_t serial_no, Platform* p)
-      : id{stream_id}, serial{serial_no}, platform{p}
-    {
-    }
-    ~slot_type()
-    {
-      if (fence.has_value()) { platform->release_fence(*fence); }
-    }
+    slot_type()                            = default;
     slot_type(slot_type const&)            = delete;
     slot_type& operator=(slot_type const&) = delete;
 
-    std::uint64_t const id;
-    std::uint64_t const serial;
-    Platform* const platform;
+    // Set when the slot is given to a stream; written under slots_mutex_ (exclusive) and
+    // `mutex`, read under either, or while the slot is pinned.
+    std::uint64_t id{};
+    std::uint64_t incarnation{};  // changes when the slot is retired
+    cell_ptr cell;                // its fence
 
-    spin_mutex mutex;         // guards the fields below
-    free_list<no_tag> cache;  // freed on this stream since its last fence
-    std::int64_t balance{};   // bytes allocated minus freed, not yet settled
+    spin_mutex mutex;               // guards the fields below
+    bool retiring{};                // left the stream map (retire_stream): callers go to a new slot
+    std::uint32_t pins{};           // calls using the slot with `mutex` released
+    std::uint64_t uses{};           // calls that used the slot
+    std::uint64_t uses_at_sweep{};  // `uses` at the last sweep (equal: idle since)
+    free_list<no_tag> cache;        // freed on this stream since its last fence
+    std::int64_t balance{};         // bytes allocated minus freed, not yet settled
     std::uint64_t same_stream_hits{};
     // The last few frees, kept as they are (no coalescing yet) for exact-size reuse without
     // touching the free list; part of the cache in every other respect (`flush_recent`).
     std::array<std::pair<char*, std::size_t>, recent_capacity> recent{};
     std::size_t recent_count{};
     std::size_t recent_bytes{};
-    std::unordered_map<std::uint64_t, std::uint64_t> waited;  // other slot serial -> fence no.
+    std::unordered_map<std::uint64_t, std::uint64_t> waited;  // fence serial -> record waited
     pointer_map<std::size_t> live{64};  // blocks handed out on this slot -> requested bytes
     std::atomic<bool> fence_requested{};
-    // Another stream once missed while this one held free blocks: from then on the byte rule
-    // counts the last exact-size frees too (so a big free is fenced for the next taker).
+    // Another stream missed while this one held free blocks: its cached bytes are fenced by
+    // the byte rule until it takes back a block it fenced that nobody else took.
     std::atomic<bool> demanded{};
-
-    std::mutex fence_mutex;           // guards fence and fence_number (after `mutex`)
-    std::optional<fence_type> fence;  // re-recorded at each fence of this stream
-    std::uint64_t fence_number{};     // how many times it was recorded
   };
 
-  /// Calls `f(slot)` for every slot, live or retired (a retired slot may still cache blocks
-  /// freed during a capture or whose fence could not be recorded).
+  /// A slot as a caller found it: valid while `slot->incarnation` still equals `incarnation`.
+  struct slot_ref {
+    slot_type* slot{};
+    std::uint64_t incarnation{};
+  };
+
+  /// Releases a pin (the slot may be retired once no call holds it).
+  struct pin_guard {
+    explicit pin_guard(slot_type& pinned) noexcept : slot{pinned} {}
+    pin_guard(pin_guard const&)            = delete;
+    pin_guard& operator=(pin_guard const&) = delete;
+    ~pin_guard()
+    {
+      std::lock_guard<spin_mutex> lock(slot.mutex);
+      --slot.pins;
+    }
+    slot_type& slot;
+  };
+
+  /// What a retired slot leaves: its cached blocks (to the orphans) and its live blocks.
+  struct leftovers {
+    std::vector<std::pair<char*, std::size_t>> blocks;
+    std::vector<std::pair<std::uintptr_t, std::size_t>> live;
+  };
+
+  /// Calls `f(slot)` for every slot held by a stream or being retired.
   template <typename F>
   void for_each_slot(F&& f)
   {
@@ -524,26 +664,37 @@ class stream_ordered_pool_core {
     for (auto& [id, slot] : slots_) {
       f(*slot);
     }
-    for (auto& slot : retired_) {
+    for (auto* slot : retiring_) {
       f(*slot);
     }
   }
 
-  static std::uint64_t next_generation() noexcept
+  static std::uint64_t next_pool_key() noexcept
   {
     static std::atomic<std::uint64_t> counter{1};
     return counter.fetch_add(1, std::memory_order_relaxed);
   }
 
-  /// The slot of `stream`'s identity (created on first use), or nullptr for a stream of
-  /// another device (checked once, when the slot would be created). Hot path: a thread-local
-  /// cache.
-  slot_type* lookup(stream_type stream)
+  /// Gives back an event whose last fence reference went away.
+  void release_event(fence_type event) noexcept
+  {
+    if (release_events_) { platform_.release_fence(event); }
+    events_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  /**
+   * @brief The slot of `stream`'s identity (created on first use), or a null slot for a
+   * stream of another device (checked once, when the slot is created). Hot path: a
+   * thread-local cache, whose entry is checked by the caller under the slot's lock
+   * (`incarnation`); `refresh` skips it after a stale entry.
+   */
+  slot_ref lookup(stream_type stream, bool refresh = false)
   {
     struct tls_entry {
-      std::uint64_t generation;
+      std::uint64_t pool;
       std::uint64_t id;
       slot_type* slot;
+      std::uint64_t incarnation;
     };
     struct tls_cache {
       std::array<tls_entry, 8> entries;
@@ -551,27 +702,200 @@ class stream_ordered_pool_core {
     };
     // One thread_local object: one TLS lookup per call. (The initial-exec model would save it,
     // but a module loaded after rmm and CuPy finds no static TLS left: the import fails.)
+    // Entries of a destroyed pool never match: pool keys are never reused.
     static thread_local tls_cache cache{};
 
-    auto const id  = platform_.stream_id(stream);
-    auto const gen = generation_.load(std::memory_order_acquire);
-    for (auto const& e : cache.entries) {
-      if (e.generation == gen && e.id == id) { return e.slot; }
+    auto const id = platform_.stream_id(stream);
+    if (!refresh) {
+      for (auto const& e : cache.entries) {
+        if (e.pool == pool_key_ && e.id == id) { return {e.slot, e.incarnation}; }
+      }
     }
-    slot_type* slot = nullptr;
+    slot_ref ref;
     {
       std::shared_lock<std::shared_mutex> lock(slots_mutex_);
-      if (auto it = slots_.find(id); it != slots_.end()) { slot = it->second.get(); }
+      if (auto it = slots_.find(id); it != slots_.end()) {
+        ref = {it->second, it->second->incarnation};
+      }
     }
-    if (slot == nullptr) {
-      if (!platform_.stream_on_device(stream)) { return nullptr; }
+    if (ref.slot == nullptr) {
+      if (!platform_.stream_on_device(stream)) { return {}; }
+      ref = create_slot(id);
+    }
+    tls_entry* entry = nullptr;
+    for (auto& e : cache.entries) {
+      if (e.pool == pool_key_ && e.id == id) { entry = &e; }
+    }
+    if (entry == nullptr) { entry = &cache.entries[cache.next_victim++ % cache.entries.size()]; }
+    *entry = {pool_key_, id, ref.slot, ref.incarnation};
+    return ref;
+  }
+
+  /// A slot for identity `id`: a retired slot object when one is spare, else a new one; first
+  /// retires idle slots when the slots reached `sweep_bound_`.
+  slot_ref create_slot(std::uint64_t id)
+  {
+    cell_ptr dropped;  // an old fence, let go after the locks
+    slot_ref ref;
+    bool swept = false;
+    {
       std::unique_lock<std::shared_mutex> lock(slots_mutex_);
-      auto& entry = slots_[id];
-      if (!entry) { entry = std::make_shared<slot_type>(id, next_serial_++, &platform_); }
-      slot = entry.get();
+      if (auto it = slots_.find(id); it != slots_.end()) {
+        return {it->second, it->second->incarnation};
+      }
+      if (slots_.size() + retiring_.size() >= sweep_bound_) {  // retire idle slots first
+        sweep_locked();
+        swept = true;
+      }
+      if (spare_.empty()) {
+        all_slots_.push_back(std::make_unique<slot_type>());
+        spare_.reserve(all_slots_.size());  // retirement then never allocates here
+        spare_.push_back(all_slots_.back().get());
+      }
+      slot_type* slot = spare_.back();
+      cell_ptr fresh;
+      // A fence that still tags blocks stays with them: the new stream gets its own (the new
+      // stream must wait on the old one, even with the same identity).
+      if (!slot->cell || slot->cell.use_count() > 1) {
+        fresh = std::make_shared<fence_cell>(this, next_serial_++);
+      }
+      slots_.emplace(id, slot);
+      spare_.pop_back();
+      std::lock_guard<spin_mutex> slot_lock(slot->mutex);
+      slot->id            = id;
+      slot->incarnation   = ++incarnations_;
+      slot->retiring      = false;
+      slot->uses          = 1;  // not idle at the next sweep
+      slot->uses_at_sweep = 0;
+      if (fresh) {
+        dropped    = std::move(slot->cell);
+        slot->cell = std::move(fresh);
+      }
+      ref = {slot, slot->incarnation};
     }
-    cache.entries[cache.next_victim++ % cache.entries.size()] = {gen, id, slot};
-    return slot;
+    if (swept) { prune_shared_tags(); }
+    return ref;
+  }
+
+  /**
+   * @brief Retires every slot unused since the previous sweep and not pinned (the default
+   * stream's excepted: its handle means the current device's, checked once), and the slots
+   * left by `retire_stream` that no call holds any more (caller holds slots_mutex_
+   * exclusively).
+   */
+  void sweep_locked() noexcept
+  {
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      if (give_up_locked(*it->second, /*only_if_idle=*/true)) {
+        it = slots_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    retiring_.erase(std::remove_if(retiring_.begin(),
+                                   retiring_.end(),
+                                   [&](slot_type* slot) {
+                                     return give_up_locked(*slot, /*only_if_idle=*/false);
+                                   }),
+                    retiring_.end());
+    // The next sweep after max(64, half the kept) new slots: amortized O(1) per new slot, and
+    // the kept slots converge (those created since the last sweep, plus the busy ones).
+    auto const kept = slots_.size() + retiring_.size();
+    sweep_bound_    = kept + std::max(slot_sweep_minimum, kept / 2);
+  }
+
+  /**
+   * @brief Retires `slot` unless a call holds it (or, `only_if_idle`, it was used since the
+   * last sweep, or is the default stream's): its cached blocks become orphans, its live blocks
+   * move to the orphans' map, its fence stays with the blocks it tags, and the object becomes
+   * spare (caller holds slots_mutex_ exclusively and removes it from `slots_` or `retiring_`
+   * when this returns true).
+   */
+  bool give_up_locked(slot_type& slot, bool only_if_idle) noexcept
+  {
+    leftovers out;
+    {
+      std::lock_guard<spin_mutex> lock(slot.mutex);
+      if (slot.pins != 0) { return false; }
+      if (only_if_idle && (slot.uses != slot.uses_at_sweep || slot.id == default_id_)) {
+        slot.uses_at_sweep = slot.uses;
+        return false;
+      }
+      try {
+        out.blocks.reserve(slot.recent_count + slot.cache.block_count());
+        out.live.reserve(slot.live.size());
+      } catch (...) {
+        return false;  // no host memory: kept for a later sweep
+      }
+      settle(slot);
+      retired_hits_.fetch_add(slot.same_stream_hits, std::memory_order_relaxed);
+      slot.same_stream_hits = 0;
+      for (std::size_t i = 0; i < slot.recent_count; ++i) {
+        out.blocks.push_back(slot.recent[i]);
+      }
+      slot.recent_count = 0;
+      slot.recent_bytes = 0;
+      slot.cache.for_each([&](char* p, std::size_t n, no_tag&) { out.blocks.emplace_back(p, n); });
+      slot.cache = free_list<no_tag>{};
+      slot.live.for_each([&](std::uintptr_t p, std::size_t n) { out.live.emplace_back(p, n); });
+      slot.live.clear();
+      slot.waited.clear();
+      slot.fence_requested.store(false, std::memory_order_relaxed);
+      slot.demanded.store(false, std::memory_order_relaxed);
+      slot.retiring    = false;
+      slot.incarnation = ++incarnations_;  // a caller's cached reference is now stale
+    }
+    spare_.push_back(&slot);  // reserved: never allocates
+    // Under slots_mutex_: a free that no longer finds the block in the slot finds it here.
+    std::lock_guard<std::mutex> lock(orphan_mutex_);
+    for (auto const& [p, n] : out.live) {
+      try {
+        orphan_live_.insert_or_assign(p, n);
+      } catch (...) {  // no host memory: its free will be refused (the block is lost)
+      }
+    }
+    for (auto const& [p, n] : out.blocks) {
+      orphan_locked(p, n);
+    }
+    return true;
+  }
+
+  /// Lists a block that only a device synchronization frees (caller holds orphan_mutex_).
+  void orphan_locked(char* ptr, std::size_t size) noexcept
+  {
+    try {
+      orphans_.insert(ptr, size, no_tag{}, chunk_start_test());
+    } catch (...) {  // no host memory: lost to the pool, never handed out twice
+    }
+    orphan_bytes_.store(orphans_.free_bytes(), std::memory_order_relaxed);
+  }
+
+  /// Before growing: orphans hold the request and a quarter of the pool, so one device
+  /// synchronization (which frees them) beats growing.
+  [[nodiscard]] bool orphans_worth_a_sync(std::size_t size) const noexcept
+  {
+    auto const orphaned = orphan_bytes_.load(std::memory_order_relaxed);
+    return orphaned >= size && 4 * orphaned >= pool_bytes_.load(std::memory_order_relaxed);
+  }
+
+  /// Drops from every shared block's tag the fences known complete (after a sweep).
+  void prune_shared_tags() noexcept
+  {
+    try {
+      std::unordered_map<fence_cell const*, bool> known;  // one query per fence
+      std::lock_guard<std::mutex> lock(shared_mutex_);
+      shared_.for_each([&](char*, std::size_t, fence_tag& tag) {
+        tag.needs.erase(std::remove_if(tag.needs.begin(),
+                                       tag.needs.end(),
+                                       [&](auto const& n) {
+                                         auto [it, fresh] = known.try_emplace(n.first.get());
+                                         if (fresh) { it->second = n.first->complete(n.second); }
+                                         return it->second;
+                                       }),
+                        tag.needs.end());
+      });
+    } catch (...) {  // no host memory: the fences stay (waited on, never skipped)
+    }
   }
 
   /// One line for the user about a refused free (off the hot path).
@@ -627,13 +951,13 @@ class stream_ordered_pool_core {
     Platform::throw_out_of_memory(bytes, pool_bytes_.load(std::memory_order_relaxed));
   }
 
-  /// Finds the live block `key` in a slot other than `self` (one slot lock at a time) and,
-  /// when `bytes` matches, forgets it there.
-  free_result take_live_elsewhere(slot_type& self, std::uintptr_t key, std::size_t bytes)
+  /// Finds the live block `key` in a slot other than `self` (one slot lock at a time) or
+  /// among retired slots' live blocks and, when `bytes` matches, forgets it there.
+  free_result take_live_elsewhere(slot_type const* self, std::uintptr_t key, std::size_t bytes)
   {
     std::shared_lock<std::shared_mutex> lock(slots_mutex_);
     auto try_slot = [&](slot_type& slot, free_result& out) {
-      if (&slot == &self) { return false; }
+      if (&slot == self) { return false; }
       std::lock_guard<spin_mutex> slot_lock(slot.mutex);
       auto const i = slot.live.find_index(key);
       if (i == slot.live.npos) { return false; }
@@ -649,10 +973,34 @@ class stream_ordered_pool_core {
     for (auto& [id, slot] : slots_) {
       if (try_slot(*slot, out)) { return out; }
     }
-    for (auto& slot : retired_) {
+    for (auto* slot : retiring_) {
       if (try_slot(*slot, out)) { return out; }
     }
+    std::lock_guard<std::mutex> orphan_lock(orphan_mutex_);
+    if (auto const i = orphan_live_.find_index(key); i != orphan_live_.npos) {
+      if (orphan_live_.value_at(i) != bytes) {
+        return {free_status::size_mismatch, orphan_live_.value_at(i)};
+      }
+      orphan_live_.erase_at(i);
+      return {free_status::done, 0};
+    }
     return out;
+  }
+
+  /// A free with no slot to cache it in (no host memory for one): the block becomes an
+  /// orphan, which only a device synchronization frees.
+  free_result free_without_slot(void* ptr, std::uintptr_t key, std::size_t bytes) noexcept
+  {
+    auto const r = take_live_elsewhere(nullptr, key, bytes);
+    if (r.status != free_status::done) {
+      rejected_frees_.fetch_add(1, std::memory_order_relaxed);
+      return r;
+    }
+    auto const size = round_to_granule(bytes);
+    add_current(-static_cast<std::int64_t>(size));
+    std::lock_guard<std::mutex> lock(orphan_mutex_);
+    orphan_locked(static_cast<char*>(ptr), size);
+    return {};
   }
 
   /// Lists `ptr` as handed out on `slot` (caller holds slot.mutex). May throw bad_alloc.
@@ -684,10 +1032,25 @@ class stream_ordered_pool_core {
     }
   }
 
-  /// The same-stream path: the stream's last frees, then its free list.
-  void* from_cache(slot_type& slot, std::size_t bytes, std::size_t size, std::size_t align)
+  /**
+   * @brief The same-stream path: the stream's last frees, then its free list. `stale` when
+   * the slot was retired since `ref` was taken (nothing done); on a miss, pins the slot when
+   * asked (the caller's slower path then holds it).
+   */
+  void* from_cache(slot_ref ref,
+                   std::size_t bytes,
+                   std::size_t size,
+                   std::size_t align,
+                   bool pin_on_miss,
+                   bool& stale)
   {
+    auto& slot = *ref.slot;
     std::lock_guard<spin_mutex> lock(slot.mutex);
+    if (slot.incarnation != ref.incarnation || slot.retiring) {
+      stale = true;
+      return nullptr;
+    }
+    ++slot.uses;
     char* ptr = take_recent(slot, size, align);
     if (ptr == nullptr) {
       auto b = slot.cache.take_best_fit(size, align);
@@ -697,7 +1060,10 @@ class stream_ordered_pool_core {
       }
       ptr = b.ptr;
     }
-    if (ptr == nullptr) { return nullptr; }
+    if (ptr == nullptr) {
+      if (pin_on_miss) { ++slot.pins; }
+      return nullptr;
+    }
     try {
       track(slot, ptr, bytes);
     } catch (...) {
@@ -756,12 +1122,12 @@ class stream_ordered_pool_core {
     if (slot.fence_requested.load(std::memory_order_relaxed)) { return true; }
     // Counted in cached blocks, not frees: a stream that reuses its blocks never fences.
     if (slot.cache.block_count() + slot.recent_count >= fence_batch) { return true; }
-    // The byte rule leaves out the last exact-size frees (`recent`) until another stream
-    // missed while this one held free blocks (`request_fences`): a stream that reuses its own
-    // big block, and that no other stream waits for, never fences it.
+    // The byte rule holds only while other streams want this one's bytes (`request_fences`,
+    // until it takes back a block it fenced for nobody): a stream that reuses its own big
+    // block, and that no other stream waits for, never fences it.
+    if (!slot.demanded.load(std::memory_order_relaxed)) { return false; }
     auto const pool   = pool_bytes_.load(std::memory_order_relaxed);
-    auto const cached = slot.cache.free_bytes() +
-                        (slot.demanded.load(std::memory_order_relaxed) ? slot.recent_bytes : 0);
+    auto const cached = slot.cache.free_bytes() + slot.recent_bytes;
     return cached >= std::max<std::size_t>(pool / fence_fraction, 1);
   }
 
@@ -776,8 +1142,8 @@ class stream_ordered_pool_core {
     if (!number) { return; }
     slot.fence_requested.store(false, std::memory_order_relaxed);
     auto blocks = slot.cache.take_all();
+    auto owner  = slot.cell;
     lock.unlock();
-    auto owner = shared_from_slot(slot);
     std::lock_guard<std::mutex> shared_lock(shared_mutex_);
     for (auto& b : blocks) {
       fence_tag tag;
@@ -787,34 +1153,26 @@ class stream_ordered_pool_core {
   }
 
   /// Records `slot`'s fence on `stream` (after the work queued there); its number, or none
-  /// when no fence could be created or recorded.
+  /// when no fence could be created or recorded (caller holds slot.mutex or a pin).
   std::optional<std::uint64_t> record_fence(slot_type& slot, stream_type stream) noexcept
   {
-    std::lock_guard<std::mutex> fence_lock(slot.fence_mutex);
-    try {
-      if (!slot.fence.has_value()) { slot.fence = platform_.acquire_fence(); }
-    } catch (...) {
-      return std::nullopt;
+    auto& cell = *slot.cell;
+    std::lock_guard<std::mutex> fence_lock(cell.mutex);
+    if (!cell.event.has_value()) {
+      try {
+        cell.event = platform_.acquire_fence();
+      } catch (...) {
+        return std::nullopt;
+      }
+      events_.fetch_add(1, std::memory_order_relaxed);
     }
-    if (!platform_.record(*slot.fence, stream)) { return std::nullopt; }
+    if (!platform_.record(*cell.event, stream)) { return std::nullopt; }
     fences_.fetch_add(1, std::memory_order_relaxed);
-    return ++slot.fence_number;
+    return ++cell.number;
   }
 
-  /// The owning pointer of a slot (a live slot is in `slots_` or `retired_`).
-  std::shared_ptr<slot_type> shared_from_slot(slot_type& slot)
-  {
-    std::shared_lock<std::shared_mutex> lock(slots_mutex_);
-    if (auto it = slots_.find(slot.id); it != slots_.end() && it->second.get() == &slot) {
-      return it->second;
-    }
-    for (auto const& s : retired_) {
-      if (s.get() == &slot) { return s; }
-    }
-    return {};
-  }
-
-  /// Takes a block from the shared list for `slot`'s stream, enqueuing the fence waits it needs.
+  /// Takes a block from the shared list for `slot`'s stream (pinned), enqueuing the fence
+  /// waits it needs.
   void* take_shared(
     slot_type& slot, stream_type stream, std::size_t bytes, std::size_t size, std::size_t align)
   {
@@ -833,6 +1191,11 @@ class stream_ordered_pool_core {
       }
       cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed);
     }
+    // Only its own fence guards the block: it takes back bytes it fenced that nobody took.
+    bool const own_only = !b.tag.needs.empty() &&
+                          std::all_of(b.tag.needs.begin(), b.tag.needs.end(), [&](auto const& n) {
+                            return n.first == slot.cell;
+                          });
     try {
       std::lock_guard<spin_mutex> lock(slot.mutex);
       track(slot, b.ptr, bytes);
@@ -841,41 +1204,46 @@ class stream_ordered_pool_core {
       shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
       throw;
     }
+    // Nobody needed what it fenced: stop fencing its bytes eagerly.
+    if (own_only) { slot.demanded.store(false, std::memory_order_relaxed); }
     return account(b.ptr, b.size);
   }
 
-  /// The (slot, fence number) pairs of `tag` that `slot`'s stream has not waited on yet.
-  std::vector<std::pair<std::shared_ptr<slot_type>, std::uint64_t>> needed_waits(
-    slot_type& slot, fence_tag const& tag)
+  /// The (fence, record number) pairs of `tag` that `slot`'s stream has not waited on yet.
+  std::vector<std::pair<cell_ptr, std::uint64_t>> needed_waits(slot_type& slot,
+                                                               fence_tag const& tag)
   {
-    std::vector<std::pair<std::shared_ptr<slot_type>, std::uint64_t>> out;
+    std::vector<std::pair<cell_ptr, std::uint64_t>> out;
     std::lock_guard<spin_mutex> lock(slot.mutex);
-    for (auto const& [owner, number] : tag.needs) {
-      if (!owner || owner.get() == &slot) { continue; }
-      auto it = slot.waited.find(owner->serial);
+    for (auto const& [cell, number] : tag.needs) {
+      if (!cell || cell == slot.cell) { continue; }
+      auto it = slot.waited.find(cell->serial);
       if (it != slot.waited.end() && it->second >= number) { continue; }
-      out.emplace_back(owner, number);
+      out.emplace_back(cell, number);
     }
     return out;
   }
 
-  /// Enqueues on `stream` a wait for each owner's latest fence (at least the needed number).
+  /// Enqueues on `stream` a wait for each fence's latest record (at least the needed number).
   bool enqueue_waits(slot_type& slot,
                      stream_type stream,
-                     std::vector<std::pair<std::shared_ptr<slot_type>, std::uint64_t>> const& waits)
+                     std::vector<std::pair<cell_ptr, std::uint64_t>> const& waits)
   {
-    for (auto const& [owner, number] : waits) {
+    for (auto const& [cell, number] : waits) {
       std::uint64_t recorded = 0;
       {
-        std::lock_guard<std::mutex> fence_lock(owner->fence_mutex);
-        if (!owner->fence.has_value() || !platform_.device_wait(stream, *owner->fence)) {
+        std::lock_guard<std::mutex> fence_lock(cell->mutex);
+        if (!cell->event.has_value() || !platform_.device_wait(stream, *cell->event)) {
           return false;
         }
-        recorded = owner->fence_number;
+        recorded = cell->number;
       }
       stream_waits_.fetch_add(1, std::memory_order_relaxed);
       std::lock_guard<spin_mutex> lock(slot.mutex);
-      auto& seen = slot.waited[owner->serial];
+      if (slot.waited.size() >= waited_capacity && slot.waited.count(cell->serial) == 0) {
+        slot.waited.clear();  // forgotten waits are only repeated
+      }
+      auto& seen = slot.waited[cell->serial];
       seen       = std::max(seen, recorded);
     }
     return true;
@@ -887,7 +1255,7 @@ class stream_ordered_pool_core {
   {
     std::shared_lock<std::shared_mutex> lock(slots_mutex_);
     for (auto& [id, slot] : slots_) {
-      if (slot.get() == &self) { continue; }
+      if (slot == &self) { continue; }
       slot->fence_requested.store(true, std::memory_order_relaxed);
       bool holds = false;
       {
@@ -948,12 +1316,11 @@ class stream_ordered_pool_core {
       }
       fence_tag tag;
       if (chunk > size) {  // a rest to list (alignment padding included)
-        auto owner        = shared_from_slot(slot);
-        auto const number = owner ? record_fence(slot, stream) : std::nullopt;
+        auto const number = record_fence(slot, stream);
         if (!number) {  // no fence: the rest stays usable by this stream only
           return add_chunk(ptr, chunk, size, align, fence_tag{}, &slot, &slot, bytes);
         }
-        tag.needs.emplace_back(std::move(owner), *number);
+        tag.needs.emplace_back(slot.cell, *number);
       }
       return add_chunk(ptr, chunk, size, align, std::move(tag), nullptr, &slot, bytes);
     }
@@ -1015,11 +1382,12 @@ class stream_ordered_pool_core {
   /**
    * @brief Synchronizes the device and frees from their fences the blocks that sync covers.
    *
-   * Detaches first (under the locks) every slot's cache and every fenced shared block, then
-   * synchronizes without a lock, then lists only the detached blocks, untagged. A block freed
-   * (and fenced) by another thread after the detach keeps its cache or fence. When the sync
-   * fails (during a global-mode capture), everything goes back as it was: caches to their
-   * slots, fenced blocks with their tags.
+   * Detaches first (under the locks) every slot's cache, every orphan and every fenced shared
+   * block, then synchronizes without a lock, then lists only the detached blocks, untagged. A
+   * block freed (and fenced) by another thread after the detach keeps its cache or fence.
+   * When the sync fails (during a global-mode capture), everything goes back as it was:
+   * caches to their slots (to the orphans for a slot retired meanwhile), orphans to the
+   * orphans, fenced blocks with their tags.
    */
   bool reclaim()
   {
@@ -1027,17 +1395,20 @@ class stream_ordered_pool_core {
     // raise out-of-memory while the first still holds the blocks. It waits, then syncs again.
     std::lock_guard<std::mutex> reclaim_lock(reclaim_mutex_);
     struct detached_cache {
-      std::shared_ptr<slot_type> slot;
+      slot_type* slot;
+      std::uint64_t incarnation;
       std::vector<std::pair<char*, std::size_t>> blocks;
     };
     std::vector<detached_cache> caches;
     std::vector<typename free_list<fence_tag>::block> fenced;
+    std::vector<typename free_list<no_tag>::block> orphaned;
     {
       std::shared_lock<std::shared_mutex> lock(slots_mutex_);
-      caches.reserve(slots_.size() + retired_.size());
-      auto detach = [&](std::shared_ptr<slot_type> const& slot) {
-        detached_cache d{slot, {}};
+      caches.reserve(slots_.size() + retiring_.size());
+      auto detach = [&](slot_type* slot) {
+        detached_cache d{slot, 0, {}};
         std::lock_guard<spin_mutex> slot_lock(slot->mutex);
+        d.incarnation = slot->incarnation;
         d.blocks.reserve(slot->recent_count + slot->cache.block_count());
         for (std::size_t i = 0; i < slot->recent_count; ++i) {
           d.blocks.push_back(slot->recent[i]);
@@ -1052,9 +1423,14 @@ class stream_ordered_pool_core {
       for (auto& [id, slot] : slots_) {
         detach(slot);
       }
-      for (auto& slot : retired_) {
+      for (auto* slot : retiring_) {
         detach(slot);
       }
+    }
+    {
+      std::lock_guard<std::mutex> lock(orphan_mutex_);
+      orphaned = orphans_.take_all();
+      orphan_bytes_.store(0, std::memory_order_relaxed);
     }
     {
       std::lock_guard<std::mutex> lock(shared_mutex_);
@@ -1079,14 +1455,30 @@ class stream_ordered_pool_core {
             shared_.insert(p, n, fence_tag{}, chunk_start_test());
           }
         }
+        for (auto const& b : orphaned) {
+          shared_.insert(b.ptr, b.size, fence_tag{}, chunk_start_test());
+        }
       }
     }
     if (!synced) {
+      std::vector<std::pair<char*, std::size_t>> homeless;
       for (auto const& d : caches) {
         std::lock_guard<spin_mutex> slot_lock(d.slot->mutex);
+        bool const same = d.slot->incarnation == d.incarnation;
         for (auto const& [p, n] : d.blocks) {
-          d.slot->cache.insert(p, n, no_tag{}, chunk_start_test());
+          if (same) {
+            d.slot->cache.insert(p, n, no_tag{}, chunk_start_test());
+          } else {
+            homeless.emplace_back(p, n);  // its slot was retired meanwhile
+          }
         }
+      }
+      std::lock_guard<std::mutex> lock(orphan_mutex_);
+      for (auto const& b : orphaned) {
+        orphan_locked(b.ptr, b.size);
+      }
+      for (auto const& [p, n] : homeless) {
+        orphan_locked(p, n);
       }
     }
     return synced;
@@ -1107,15 +1499,31 @@ class stream_ordered_pool_core {
   Upstream upstream_;
   std::optional<std::size_t> maximum_pool_size_;
   std::optional<std::size_t> maximum_growth_size_;
+  std::uint64_t const pool_key_;        // names this pool in threads' slot caches (never reused)
+  std::uint64_t const default_id_;      // the default stream's identity (never swept)
+  bool release_events_{true};           // false after a shutdown at process exit
+  std::atomic<std::int64_t> events_{};  // events held by fences (declared before their holders)
 
-  std::atomic<std::uint64_t> generation_;  // changes when a slot leaves `slots_`
+  // Slots: `slots_` maps the identities in use; `retiring_` holds slots that retire_stream
+  // took out while a call still held them; `spare_` retired objects for new streams;
+  // `all_slots_` owns every object (for the pool's life: a stale reference may still lock).
   mutable std::shared_mutex slots_mutex_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<slot_type>> slots_;
-  std::vector<std::shared_ptr<slot_type>> retired_;  // kept: thread caches may point at them
+  std::unordered_map<std::uint64_t, slot_type*> slots_;
+  std::vector<slot_type*> retiring_;
+  std::vector<slot_type*> spare_;
+  std::vector<std::unique_ptr<slot_type>> all_slots_;
+  std::size_t sweep_bound_{slot_sweep_minimum};
+  std::uint64_t incarnations_{};
   std::uint64_t next_serial_{1};
 
   std::mutex shared_mutex_;
   free_list<fence_tag> shared_;
+
+  // Blocks and live blocks of retired slots: the blocks only a device sync frees.
+  std::mutex orphan_mutex_;
+  free_list<no_tag> orphans_;
+  pointer_map<std::size_t> orphan_live_{64};
+  std::atomic<std::size_t> orphan_bytes_{};
 
   std::mutex growth_mutex_;
   std::mutex reclaim_mutex_;  // taken before any other lock, held through the device sync
@@ -1132,6 +1540,7 @@ class stream_ordered_pool_core {
   std::atomic<std::uint64_t> reclaim_syncs_{};
   std::atomic<std::uint64_t> retired_count_{};
   std::atomic<std::uint64_t> rejected_frees_{};
+  std::atomic<std::uint64_t> retired_hits_{};  // same-stream reuse of retired slots
 };
 
 }  // namespace rmm_fences::mr::detail

@@ -36,10 +36,13 @@ struct stream_ordered_pool_stats {
   std::uint64_t reclaim_syncs{};       ///< device syncs before giving up (near out-of-memory)
   std::uint64_t retired_streams{};     ///< streams retired through `retire_stream`
   std::uint64_t rejected_frees{};      ///< frees refused (double, foreign, wrong size)
-  /// Per-stream slots held, retired ones included: one per stream identity seen, each with
-  /// its cache and (once it fenced) an event. Slots of streams destroyed without
-  /// `retire_stream` are kept too.
+  /// Per-stream slots held now: one per stream identity in use, each with its cache and
+  /// fence. Slots unused since the last sweep (streams that went away) are retired once 64 or
+  /// more are held, so this stays bounded however many streams come and go.
   std::uint64_t stream_slots{};
+  /// Events held as fences: one per slot that fenced, plus those of retired slots whose
+  /// fences still guard shared blocks (dropped once a query finds them complete).
+  std::uint64_t fence_events{};
 };
 
 /// Counters of the tracker.
