@@ -379,7 +379,8 @@ def test_growth_during_capture_of_a_blocking_stream(cupy, scenarios):
 
 def test_native_pairs_freed_on_another_stream_are_cross_stream_reuse(cupy):
     # rmm_fences.bench.alloc_free_ns(..., free_stream=) (the asv CrossStream benchmark):
-    # allocations on s1 reuse blocks freed on s2, through fences and waits, without growth.
+    # allocations on s1 reuse blocks freed on s2, through fences and waits. s2 fences its cache
+    # only once another stream ran short, so the first shortage costs one growth (never more).
     from rmm_fences.bench import alloc_free_ns
 
     pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 26)
@@ -389,7 +390,7 @@ def test_native_pairs_freed_on_another_stream_are_cross_stream_reuse(cupy):
     print(f"\ncross-stream native pair: {ns:.0f} ns, {stats}")
     assert ns > 0 and stats["current_bytes"] == 0 and stats["rejected_frees"] == 0
     assert stats["cross_stream_reuse"] > 0 and stats["stream_waits"] > 0
-    assert stats["upstream_growths"] == 0  # 1 MiB blocks circulate in the initial 64 MiB
+    assert stats["upstream_growths"] <= 1  # then 1 MiB blocks circulate in the pool
 
 
 def test_same_stream_64_mib_reuse_after_another_stream_ran_short_fences_once(cupy, scenarios):
