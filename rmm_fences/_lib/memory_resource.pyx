@@ -501,9 +501,9 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     maximum_growth_size : int or str, optional
         The largest chunk one growth takes from the upstream beyond what the request needs:
         a growth takes the larger of the request and ``min(pool_size(), maximum_growth_size)``.
-        ``None`` (default): the pool doubles, as rmm's pool does. A bound keeps the pool
-        close to the peak of live bytes when it grows in large steps (PyTorch training, for
-        example), at the cost of more chunks.
+        ``None`` (default): the pool doubles, as rmm's pool does. A bound keeps the last
+        growth of a large pool from doubling it, at the cost of more chunks (a block never
+        spans two, so a fragmented pool may grow more).
 
     Notes
     -----
