@@ -40,6 +40,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACES = ROOT / "asv_bench" / "traces"
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 
+sys.path.insert(0, str(ROOT / "asv_bench" / "benchmarks"))
+import _torch_workloads as workloads  # noqa: E402 (stdlib only at import; torch loads lazily)
+
 
 def _check_close(got: float, ref: float, what: str) -> None:
     if abs(got - ref) > 1e-3 * abs(ref) + 1e-2:
@@ -171,8 +174,6 @@ def torch_steps(model: str, steps: int, batch: int) -> dict:
     from rmm.allocators.torch import rmm_torch_allocator
 
     torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
-    sys.path.insert(0, str(ROOT / "asv_bench" / "benchmarks"))
-    import _torch_workloads as workloads
 
     torch.manual_seed(0)
     net, loss_of, batch = workloads.model_and_loss(model, batch)
@@ -280,16 +281,10 @@ def record(name: str, out_dir: pathlib.Path, upstream: str, max_events: int, tim
     with tempfile.TemporaryDirectory() as tmp:
         log_path = os.path.join(tmp, f"{name}.csv")
         t0 = time.perf_counter()
-        proc = subprocess.run(
+        info = workloads.run_json(
             [sys.executable, __file__, "--child", name, "--log", log_path, "--upstream", upstream],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            timeout,
         )
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"{name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-        info = json.loads(lines[-1])
         dst = out_dir / f"{name}.csv.gz"
         info.update(cut_and_compress(info.pop("log"), dst, max_events))
     trace = read_allocation_log(dst)  # must read what rmm wrote

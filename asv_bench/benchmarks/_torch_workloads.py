@@ -456,23 +456,23 @@ def main(argv=None) -> int:
     return 0
 
 
+def run_json(argv: list[str], timeout: float, env: dict | None = None) -> dict:
+    """Run ``argv`` and return the JSON of its last stdout line; raises RuntimeError with the
+    output when it fails or prints nothing."""
+    import subprocess
+
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{argv[1:]} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(lines[-1])
+
+
 def run(command: list[str], allocator: str | None = None, timeout: float = 600) -> dict:
     """Run this module in a fresh process (the allocator is chosen once per process) and
     return its JSON line; raises RuntimeError with the output when it fails."""
-    import subprocess
-
     env = dict(os.environ, **env_for(allocator or ""))
-    proc = subprocess.run(
-        [sys.executable, "-P", os.path.abspath(__file__), *command],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{command} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(lines[-1])
+    return run_json([sys.executable, "-P", os.path.abspath(__file__), *command], timeout, env)
 
 
 if __name__ == "__main__":
