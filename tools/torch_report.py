@@ -4,11 +4,14 @@
 
     python tools/torch_report.py hazards --json docs/data/torch/hazards.json [--trials 20]
     python tools/torch_report.py train --json docs/data/torch/training.json [--steps 10]
+        [--repeat 2] [--allocators torch fences_pool ...]
+    python tools/torch_report.py {hazards,train} --json FILE --table  # the table of saved rows
 
 ``hazards``: the record_stream patterns of asv_bench/benchmarks/_torch_workloads.py (``hazard``)
 under every allocator: checksums corrupted, and what rmm_fences' allocator counted.
 ``train``: steps per second and peak device memory of each model under every allocator, with
-ratios against PyTorch's caching allocator from the same run.
+ratios against PyTorch's caching allocator from the same run (medians over ``--repeat``
+rounds). Rows are saved after every run, so a time limit keeps what ran.
 """
 
 from __future__ import annotations
@@ -35,30 +38,34 @@ def _run(command, allocator):
 
 
 def hazards(trials: int, save=lambda rows: None) -> tuple[list, str]:
-    rows, lines = (
-        [],
-        [
-            "| allocator | pattern | corrupted | record_stream calls | stream waits | "
-            "hazards reported |",
-            "| --- | --- | ---: | ---: | ---: | --- |",
-        ],
-    )
+    rows = []
     for pattern in workloads.PATTERNS:
         for allocator in HAZARD_ALLOCATORS:
             out = _run(["hazard", allocator, pattern, "--trials", str(trials)], allocator)
             out.setdefault("allocator", allocator)
             out.setdefault("pattern", pattern)
             rows.append(out)
-            save(rows)
-            stats = out.get("stats", {})
-            corrupted = f"{out['corrupted']}/{out['trials']}" if "corrupted" in out else "failed"
-            hz = out.get("hazards")
-            lines.append(
-                f"| {allocator} | {pattern} | {corrupted} | "
-                f"{stats.get('record_stream_calls', '-')} | {stats.get('stream_waits', '-')} | "
-                f"{'-' if hz is None else len(hz)} |"
-            )
-    return rows, "\n".join(lines)
+            save(rows)  # what ran is kept when a time limit stops the rest
+    return rows, hazard_table(rows)
+
+
+def hazard_table(rows: list) -> str:
+    """The hazard table from rows: corrupted trials and what rmm_fences' allocator counted."""
+    lines = [
+        "| allocator | pattern | corrupted | record_stream calls | stream waits | "
+        "hazards reported |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for out in rows:
+        stats = out.get("stats", {})
+        corrupted = f"{out['corrupted']}/{out['trials']}" if "corrupted" in out else "failed"
+        hz = out.get("hazards")
+        lines.append(
+            f"| {out['allocator']} | {out['pattern']} | {corrupted} | "
+            f"{stats.get('record_stream_calls', '-')} | {stats.get('stream_waits', '-')} | "
+            f"{'-' if hz is None else len(hz)} |"
+        )
+    return "\n".join(lines)
 
 
 def train(steps: int, save=lambda rows: None, repeat: int = 1, allocators=None) -> tuple[list, str]:
@@ -137,8 +144,11 @@ def main() -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(rows, indent=1) + "\n")
 
-    if args.table and args.what == "train":
-        print(train_table(json.loads(args.json.read_text())))
+    if args.table:
+        if args.json is None:
+            parser.error("--table prints the table of the rows in --json: give --json")
+        table_of = hazard_table if args.what == "hazards" else train_table
+        print(table_of(json.loads(args.json.read_text())))
         return 0
     if args.what == "hazards":
         rows, table = hazards(args.trials, save)

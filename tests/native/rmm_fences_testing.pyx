@@ -243,7 +243,10 @@ cdef class HostSyncOnFree:
         elif kind == "stream_id":
             b.fail_stream_id = count
         else:
-            raise ValueError(f"unknown fault kind {kind!r}")
+            raise ValueError(
+                "kind must be 'query', 'wait', 'sync_device', 'sync_stream', 'record' or "
+                f"'stream_id', got {kind!r}"
+            )
 
     def fail_next_record(self) -> None:
         deref(self.c_obj).board().fail_record = 1
@@ -998,7 +1001,7 @@ cdef class HostTorchAllocator:
         elif kind == "sync":
             log.fail_sync = count
         else:
-            raise ValueError(f"unknown fault kind {kind!r}")
+            raise ValueError(f"kind must be 'acquire', 'record', 'wait' or 'sync', got {kind!r}")
 
     @property
     def events(self) -> list:
