@@ -293,3 +293,66 @@ def test_default_plan(tmp_path):
         "sof_stream+rmm_cupy_allocator",
         "sof_stream+CupyAllocator",
     }
+
+
+MARKED = """
+    import os
+    import pytest
+
+    def test_small():
+        pass
+
+    @pytest.mark.slow
+    def test_huge():
+        assert not os.environ.get("RMM_FENCES_DS_CHAIN"), "huge fails under the chain"
+    """
+
+
+def test_marked_tests_run_apart_after_the_rest(suite, tmp_path):
+    (suite / "test_marked.py").write_text(textwrap.dedent(MARKED))
+    out = tmp_path / "out"
+    r = harness(
+        "--suite",
+        f"fake={suite}",
+        "--out",
+        out,
+        "--files",
+        "test_marked.py",
+        "test_pass.py",
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    # the marked file runs twice per chain: without its slow tests, then only those, apart
+    for chain in ("baseline", "pool"):
+        for base in ("test_marked", "test_marked@slow"):
+            assert (out / "fake" / chain / f"{base}.meta.json").is_file()
+        assert not (out / "fake" / chain / "test_pass@slow.meta.json").exists()
+    meta = json.loads((out / "fake" / "pool" / "test_marked@slow.meta.json").read_text())
+    assert meta["cmd"][-3:] == ["-m", "slow", "test_marked.py"]
+    order = [line for line in r.stderr.splitlines() if line.startswith("[")]
+    assert all("-m 'slow'" in line for line in order[-2:]), order  # the serial phase is last
+    results = json.loads((out / "summary.json").read_text())["results"]["fake"]
+    assert results["baseline"]["counts"]["passed"] == 2 + 3 and not results["baseline"]["regressions"]
+    [regression] = results["pool"]["regressions"]
+    assert regression["test"] == "test_marked.py::test_huge"
+    assert (regression["baseline"], regression["outcome"]) == ("passed", "failed")
+    assert results["pool"]["counts"]["passed"] == 1 + 3
+
+
+def test_plan_splits_only_files_that_name_the_mark(tmp_path):
+    run = _load_run()
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "test_a.py").write_text("import pytest\n@pytest.mark.slow\ndef test_x(): pass\n")
+    (root / "test_b.py").write_text("def test_slowly(): pass\n")
+    _, jobs = run.plan(run.parse_args(["--suite", f"s={root}", "--out", "x", "--only-baseline"]))
+    assert sorted((j["part"], j.get("mark"), bool(j.get("serial"))) for j in jobs) == [
+        ("test_a.py", "not slow", False),
+        ("test_a.py [slow]", "slow", True),
+        ("test_b.py", None, False),
+    ]
+    args = run.parse_args(
+        ["--suite", f"s={root}", "--out", "x", "--only-baseline", "--serial-mark", ""]
+    )
+    assert [j.get("mark") for j in run.plan(args)[1]] == [None, None]

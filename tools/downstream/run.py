@@ -38,6 +38,7 @@ import concurrent.futures as cf
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,10 +51,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
+# rmm's pool starts at half the free device memory unless told otherwise: with --jobs processes
+# sharing one GPU, the later ones would start with a sliver and fail where the suite would not.
 CHAINS = {  # name -> rmm_fences.compose spec
     "pool": "pool(cuda_async)",
-    "sof_deferred": "sync_on_free(rmm_pool(cuda), mode=deferred)",
-    "sof_stream": "sync_on_free(rmm_pool(cuda), mode=stream)",
+    "sof_deferred": "sync_on_free(rmm_pool(cuda, initial_pool_size=1GiB), mode=deferred)",
+    "sof_stream": "sync_on_free(rmm_pool(cuda, initial_pool_size=1GiB), mode=stream)",
     "tracker": "tracking(pool(cuda_async), on_hazard=raise)",
 }
 CUPY_ALLOCATORS = {"rmm": "rmm_cupy_allocator", "rmm_fences": "CupyAllocator"}  # DS_CUPY: suffix
@@ -117,6 +120,18 @@ def parse_args(argv):
         metavar="NAME=SPEC",
         help="replace the chain table (every suite, no CuPy allocator)",
     )
+    p.add_argument(
+        "--serial-mark",
+        default="slow",
+        metavar="MARK",
+        help=(
+            "tests marked MARK (CuPy marks its huge-memory tests 'slow') run in processes of "
+            "their own after the rest, --serial-jobs at a time, so that they do not take the "
+            "device memory the parallel processes need; '' runs every test in one process "
+            "per file"
+        ),
+    )
+    p.add_argument("--serial-jobs", type=int, default=2)
     p.add_argument("--timeout-file", type=float, default=900.0, help="seconds per process")
     p.add_argument(
         "--timeout-test",
@@ -195,20 +210,43 @@ def plan(args):
             files += [h for h in hits if h not in files]
             missing += [] if hits else [pattern]
         suites[name] = {"path": str(root), "files": files, "missing": missing}
+    word = re.compile(rf"\b{re.escape(args.serial_mark)}\b") if args.serial_mark else None
+    marked = {  # the files that may hold tests with the serial mark (their source names it)
+        name: {f for f in s["files"] if word and word.search((Path(s["path"]) / f).read_text())}
+        for name, s in suites.items()
+    }
     for chain in chains:  # the table starts with the baseline
         where, env = table[chain]
         for name, suite in suites.items():
             if "*" in where or ("cupy" if name == "cupy" else "rmm") in where:
-                jobs += [
-                    {
+                for f in suite["files"]:
+                    job = {
                         "suite": name,
                         "chain": chain,
                         "file": f,
+                        "part": f,
                         "env": env,
                         "base": f"{name}/{chain}/{f.removesuffix('.py').replace('/', '__')}",
                     }
-                    for f in suite["files"]
-                ]
+                    if f not in marked[name]:
+                        jobs.append(job)
+                        continue
+                    mark = args.serial_mark
+                    jobs.append({**job, "mark": f"not {mark}"})
+                    jobs.append(
+                        {
+                            **job,
+                            "mark": mark,
+                            "serial": True,
+                            "part": f"{f} [{mark}]",
+                            "base": f"{job['base']}@{mark}",
+                        }
+                    )
+    # The longest files first (source size stands in for run time), the baselines before all:
+    # a device call's deadline then cuts short files, and the chains reuse the kernels CuPy
+    # compiled for the baselines.
+    size = {(n, f): (Path(s["path"]) / f).stat().st_size for n, s in suites.items() for f in s["files"]}
+    jobs.sort(key=lambda j: (j["chain"] != "baseline", -size[j["suite"], j["file"]]))
     return suites, jobs
 
 
@@ -269,6 +307,7 @@ def run_job(job, suites, out, args):
         f"--junitxml={base}.xml",
         "-q",
         "-rfE",
+        *(["-m", job["mark"]] if job.get("mark") else []),
         job["file"],
     ]
     if not any((Path(root) / n).exists() for n in INI_FILES):  # else pytest finds ours above
@@ -356,17 +395,26 @@ def run_all(args):
     }
     (out / "run.json").write_text(json.dumps(run, indent=1))
     print(f"{len(todo)} pytest processes, {args.jobs} at a time, in {out}", file=sys.stderr)
-    pool = cf.ThreadPoolExecutor(max_workers=max(1, args.jobs))
-    futures = [pool.submit(run_job, j, suites, out, args) for j in todo]  # baselines first
+    phases = [
+        ([j for j in todo if not j.get("serial")], args.jobs),  # baselines first
+        ([j for j in todo if j.get("serial")], args.serial_jobs),  # then the serial marks
+    ]
+    done = 0
     try:
-        for done, fut in enumerate(cf.as_completed(futures), 1):
-            if m := fut.result():
-                print(
-                    f"[{done}/{len(todo)}] {m['suite']} {m['chain']} {m['file']}: rc={m['rc']}"
-                    f"{' TIMEOUT' if m['timed_out'] else ''} {m['wall_s']} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        for phase, width in phases:
+            pool = cf.ThreadPoolExecutor(max_workers=max(1, width))
+            futures = [pool.submit(run_job, j, suites, out, args) for j in phase]
+            for fut in cf.as_completed(futures):
+                done += 1
+                if m := fut.result():
+                    mark = f" -m '{m['mark']}'" if m.get("mark") else ""
+                    print(
+                        f"[{done}/{len(todo)}] {m['suite']} {m['chain']} {m['file']}{mark}: "
+                        f"rc={m['rc']}{' TIMEOUT' if m['timed_out'] else ''} {m['wall_s']} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            pool.shutdown()
     except KeyboardInterrupt:
         print("interrupted: stopping the running processes", file=sys.stderr)
         pool.shutdown(wait=False, cancel_futures=True)
@@ -378,7 +426,6 @@ def run_all(args):
         pool.shutdown()
         report(out)
         return 130
-    pool.shutdown()
     return report(out)
 
 
@@ -623,9 +670,9 @@ def report(out):
         try:
             meta = json.loads(Path(f"{out / job['base']}.meta.json").read_text())
         except (OSError, json.JSONDecodeError):
-            pending.setdefault(key, []).append(job["file"])
+            pending.setdefault(key, []).append(job.get("part", job["file"]))
             continue
-        done.setdefault(key, {})[job["file"]] = evaluate(out, meta)
+        done.setdefault(key, {})[job.get("part", job["file"])] = evaluate(out, meta)
     results, failing = {}, False
     for suite, chain in envs:
         entry = compare(chain, done.get((suite, "baseline"), {}), done.get((suite, chain), {}))
