@@ -59,6 +59,12 @@ CHAINS = {  # name -> rmm_fences.compose spec
     "sof_stream": "sync_on_free(rmm_pool(cuda, initial_pool_size=1GiB), mode=stream)",
     "tracker": "tracking(pool(cuda_async), on_hazard=raise)",
 }
+# rmm's own resources under the same allocators, run only when asked (--chains ref_rmm_pool):
+# a failure a chain shares with its rmm upstream alone is rmm's, not the adaptor's.
+REFERENCE_CHAINS = {
+    "ref_rmm_pool": "rmm_pool(cuda, initial_pool_size=1GiB)",
+    "ref_cuda_async": "cuda_async",
+}
 CUPY_ALLOCATORS = {"rmm": "rmm_cupy_allocator", "rmm_fences": "CupyAllocator"}  # DS_CUPY: suffix
 DEFAULT_FILES = {  # globs relative to the suite's folder; any other suite: test_*.py
     "cupy": [
@@ -180,8 +186,12 @@ def parse_args(argv):
 def plan(args):
     """Each suite's files and unmatched globs; the jobs, every suite's baseline first."""
     specs = dict(kv.split("=", 1) for kv in args.chain)
-    table = chain_table(specs, cupy_variants=False) if specs else chain_table()
     wanted = set(args.chains or [])
+    if specs:
+        table = chain_table(specs, cupy_variants=False)
+    else:
+        refs = {k: v for k, v in REFERENCE_CHAINS.items() if k in {w.split("+")[0] for w in wanted}}
+        table = chain_table({**CHAINS, **refs})
     unknown = wanted - set(table) - {n.split("+")[0] for n in table}
     if unknown:
         sys.exit(f"unknown chain(s) {sorted(unknown)}; known: {sorted(table)}")
