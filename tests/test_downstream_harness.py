@@ -333,7 +333,9 @@ def test_marked_tests_run_apart_after_the_rest(suite, tmp_path):
     order = [line for line in r.stderr.splitlines() if line.startswith("[")]
     assert all("-m 'slow'" in line for line in order[-2:]), order  # the serial phase is last
     results = json.loads((out / "summary.json").read_text())["results"]["fake"]
-    assert results["baseline"]["counts"]["passed"] == 2 + 3 and not results["baseline"]["regressions"]
+    assert (
+        results["baseline"]["counts"]["passed"] == 2 + 3 and not results["baseline"]["regressions"]
+    )
     [regression] = results["pool"]["regressions"]
     assert regression["test"] == "test_marked.py::test_huge"
     assert (regression["baseline"], regression["outcome"]) == ("passed", "failed")

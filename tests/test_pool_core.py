@@ -552,3 +552,52 @@ def test_stream_slots_counts_one_slot_per_stream_in_use():
     assert p.stats["stream_slots"] == 40
     p.retire_stream(7)
     assert p.stats["stream_slots"] == 39 and p.stats["retired_streams"] == 1
+
+
+# --- captures on new streams (CuPy's cuda_tests/test_graph.py: a new stream per test) -------
+
+
+def _capture_rounds(p, rounds, complete_between):
+    """Per round: a new stream captures a few small blocks (some freed inside the capture),
+    the default stream works outside it, and the captured stream is never used again."""
+    for r in range(rounds):
+        s = 10 + r
+        p.begin_capture(s)
+        t1 = p.allocate(800, stream=s)
+        t2 = p.allocate(800, stream=s)
+        p.deallocate(t1, 800, stream=s)
+        out = p.allocate(800, stream=s)
+        p.deallocate(t2, 800, stream=s)
+        p.end_capture(s)
+        for _ in range(3):
+            o = p.allocate(800, stream=0)
+            p.deallocate(o, 800, stream=0)
+        p.deallocate(out, 800, stream=s)
+        if complete_between:
+            p.complete_all()  # the kernels of the round finished before the next test
+
+
+def _grown(p):
+    return [c[2] for c in p.upstream_calls if c[0] == "allocate"]
+
+
+def test_captures_reuse_blocks_whose_fences_are_complete():
+    p = HostStreamOrderedPool()
+    a = p.allocate(800, stream=0)
+    _capture_rounds(p, 20, complete_between=True)
+    # Before: every capture grew the pool (its blocks' neighbours carried fences it could not
+    # wait on), doubling it: 64 MiB, 64, 128, ... 16 GiB after 10 captures.
+    # Now: the first capture grows once (the default stream's fence is not complete yet), then
+    # every capture reuses completed blocks.
+    assert _grown(p) == [64 << 20] * 2, [g >> 20 for g in _grown(p)]
+    assert p.violations == []
+    p.deallocate(a, 800, stream=0)
+
+
+def test_growth_in_capture_does_not_double_the_pool():
+    p = HostStreamOrderedPool()
+    a = p.allocate(800, stream=0)
+    _capture_rounds(p, 12, complete_between=False)  # fences never complete: no reuse
+    assert max(_grown(p)) == 64 << 20, [g >> 20 for g in _grown(p)]
+    assert p.violations == []
+    p.deallocate(a, 800, stream=0)

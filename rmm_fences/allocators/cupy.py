@@ -13,11 +13,88 @@ device id to CuPy, so no attribute query is made.
 
 from __future__ import annotations
 
+import weakref
+
 import cupy
+from cupy.cuda import runtime
 
 from rmm_fences._streams import rmm_stream
 
 __all__ = ["CupyAllocator"]
+
+
+class _Stream:
+    """The stream the blocks allocated on one CuPy stream object are freed on.
+
+    Each block keeps CuPy's stream object alive, so CuPy (which destroys a stream when its
+    object dies) cannot destroy it before the block is freed, except in a reference cycle:
+    when the cyclic garbage collector finds the stream object and the arrays unreachable
+    together (an exception's traceback holding both is enough), it runs their ``__del__`` in
+    any order, and the stream may be destroyed before an array is freed on it. Using a
+    destroyed stream handle is undefined behaviour (a segmentation fault in the driver).
+
+    The collector clears weak references, and calls their callbacks, before it runs any
+    ``__del__``; so ``_retire`` runs while the stream is still valid whenever blocks are
+    pending on it. It records a fence (an event) on the stream; the pending blocks are then
+    freed on the legacy default stream after it waits on that fence. When the stream object
+    dies by reference count instead, no block is pending on it (each holds a reference) and
+    ``_retire`` makes no CUDA call.
+    """
+
+    __slots__ = ("rmm", "handle", "key", "live", "fence", "unordered", "ref", "__weakref__")
+
+    def __init__(self, cupy_stream):
+        self.handle = cupy_stream.ptr
+        self.rmm = rmm_stream(self.handle)
+        self.key = id(cupy_stream)
+        self.live = 0  # blocks allocated on the stream and not freed yet
+        self.fence = 0  # event recorded on the stream when its object died with blocks pending
+        self.unordered = False  # died with blocks pending while capturing: no fence possible
+        self.ref = weakref.ref(cupy_stream, self._retire)
+
+    def _retire(self, _ref):
+        self.ref = None  # the weakref held this bound method: no cycle left to collect
+        if _STREAMS.get(self.key) is self:
+            del _STREAMS[self.key]
+        if self.live == 0:  # died by reference count: nothing pending, maybe already destroyed
+            return
+        try:
+            if runtime.streamIsCapturing(self.handle) != runtime.streamCaptureStatusNone:
+                self.unordered = True  # a record would join the capture
+                return
+            fence = runtime.eventCreateWithFlags(runtime.eventDisableTiming)
+            runtime.eventRecord(fence, self.handle)
+            self.fence = fence
+        except Exception:  # noqa: BLE001 - called from the collector: fall back to a sync
+            self.unordered = True
+
+    def free_retired(self, mr, ptr, nbytes):
+        """Frees a block of a stream that is gone: on the legacy default stream, after the
+        fence (or after a device synchronization when none could be recorded)."""
+        try:
+            if self.fence:
+                runtime.streamWaitEvent(0, self.fence)
+            else:
+                runtime.deviceSynchronize()
+        finally:
+            mr.deallocate(ptr, nbytes, rmm_stream(0))
+
+    def __del__(self):
+        if self.fence:
+            try:
+                runtime.eventDestroy(self.fence)
+            except Exception:  # noqa: BLE001 - interpreter shutdown, context gone
+                pass
+
+
+_STREAMS: dict[int, _Stream] = {}  # id(CuPy stream object) -> its _Stream, while it lives
+
+
+def _stream_of(cupy_stream) -> _Stream:
+    st = _STREAMS.get(id(cupy_stream))
+    if st is None:
+        st = _STREAMS[id(cupy_stream)] = _Stream(cupy_stream)
+    return st
 
 
 class _Block:
@@ -26,7 +103,8 @@ class _Block:
 
     ``cupy_stream`` is CuPy's stream object of that stream, kept alive so that CuPy does not
     destroy the stream (it does when its last reference dies) while the block still has to be
-    freed on it: an array may outlive the stream it was allocated on.
+    freed on it: an array may outlive the stream it was allocated on. ``stream`` handles the
+    one case that reference cannot cover (see ``_Stream``).
     """
 
     __slots__ = ("mr", "ptr", "nbytes", "stream", "cupy_stream")
@@ -37,9 +115,15 @@ class _Block:
         self.nbytes = nbytes
         self.stream = stream
         self.cupy_stream = cupy_stream
+        stream.live += 1
 
     def __del__(self):
-        self.mr.deallocate(self.ptr, self.nbytes, self.stream)
+        st = self.stream
+        st.live -= 1
+        if st.fence or st.unordered:
+            st.free_retired(self.mr, self.ptr, self.nbytes)
+        else:
+            self.mr.deallocate(self.ptr, self.nbytes, st.rmm)
 
 
 class CupyAllocator:
@@ -76,8 +160,8 @@ class CupyAllocator:
 
     def __call__(self, nbytes: int) -> cupy.cuda.MemoryPointer:
         cupy_stream = cupy.cuda.get_current_stream()
-        stream = rmm_stream(cupy_stream.ptr)
-        ptr = self.mr.allocate(nbytes, stream)
+        stream = _stream_of(cupy_stream)
+        ptr = self.mr.allocate(nbytes, stream.rmm)
         owner = _Block(self.mr, ptr, nbytes, stream, cupy_stream)
         mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device)
         return cupy.cuda.MemoryPointer(mem, 0)
