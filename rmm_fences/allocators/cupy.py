@@ -16,7 +16,6 @@ from __future__ import annotations
 import weakref
 
 import cupy
-from cupy.cuda import runtime
 
 from rmm_fences._streams import rmm_stream
 
@@ -24,7 +23,7 @@ __all__ = ["CupyAllocator"]
 
 
 class _Stream:
-    """The stream the blocks allocated on one CuPy stream object are freed on.
+    """The blocks allocated on one CuPy stream object and not freed yet.
 
     Each block keeps CuPy's stream object alive, so CuPy (which destroys a stream when its
     object dies) cannot destroy it before the block is freed, except in a reference cycle:
@@ -34,57 +33,34 @@ class _Stream:
     destroyed stream handle is undefined behaviour (a segmentation fault in the driver).
 
     The collector clears weak references, and calls their callbacks, before it runs any
-    ``__del__``; so ``_retire`` runs while the stream is still valid whenever blocks are
-    pending on it. It records a fence (an event) on the stream; the pending blocks are then
-    freed on the legacy default stream after it waits on that fence. When the stream object
-    dies by reference count instead, no block is pending on it (each holds a reference) and
-    ``_retire`` makes no CUDA call.
+    ``__del__``. So ``_retire`` runs while the stream is still valid, and frees on it every
+    block still pending there: those blocks are garbage too (each one refers to the stream
+    object, so none is reachable once the stream object is not), exactly as if their own
+    ``__del__`` had run first. When the stream object dies by reference count instead, no
+    block is pending (each holds a reference) and ``_retire`` does nothing.
     """
 
-    __slots__ = ("rmm", "handle", "key", "live", "fence", "unordered", "ref", "__weakref__")
+    __slots__ = ("rmm", "key", "blocks", "ref", "__weakref__")
 
     def __init__(self, cupy_stream):
-        self.handle = cupy_stream.ptr
-        self.rmm = rmm_stream(self.handle)
+        self.rmm = rmm_stream(cupy_stream.ptr)
         self.key = id(cupy_stream)
-        self.live = 0  # blocks allocated on the stream and not freed yet
-        self.fence = 0  # event recorded on the stream when its object died with blocks pending
-        self.unordered = False  # died with blocks pending while capturing: no fence possible
+        self.blocks = {}  # ptr -> (resource, nbytes): allocated here and not freed yet
         self.ref = weakref.ref(cupy_stream, self._retire)
 
     def _retire(self, _ref):
         self.ref = None  # the weakref held this bound method: no cycle left to collect
         if _STREAMS.get(self.key) is self:
             del _STREAMS[self.key]
-        if self.live == 0:  # died by reference count: nothing pending, maybe already destroyed
-            return
-        try:
-            if runtime.streamIsCapturing(self.handle) != runtime.streamCaptureStatusNone:
-                self.unordered = True  # a record would join the capture
-                return
-            fence = runtime.eventCreateWithFlags(runtime.eventDisableTiming)
-            runtime.eventRecord(fence, self.handle)
-            self.fence = fence
-        except Exception:  # noqa: BLE001 - called from the collector: fall back to a sync
-            self.unordered = True
-
-    def free_retired(self, mr, ptr, nbytes):
-        """Frees a block of a stream that is gone: on the legacy default stream, after the
-        fence (or after a device synchronization when none could be recorded)."""
-        try:
-            if self.fence:
-                runtime.streamWaitEvent(0, self.fence)
-            else:
-                runtime.deviceSynchronize()
-        finally:
-            mr.deallocate(ptr, nbytes, rmm_stream(0))
-
-    def __del__(self):
-        if self.fence:
+        blocks, self.blocks = self.blocks, {}
+        error = None
+        for ptr, (mr, nbytes) in blocks.items():
             try:
-                runtime.eventDestroy(self.fence)
-            except Exception:  # noqa: BLE001 - interpreter shutdown, context gone
-                pass
+                mr.deallocate(ptr, nbytes, self.rmm)
+            except Exception as exc:  # noqa: BLE001 - free the others, then report
+                error = error or exc
+        if error is not None:
+            raise error
 
 
 _STREAMS: dict[int, _Stream] = {}  # id(CuPy stream object) -> its _Stream, while it lives
@@ -99,12 +75,12 @@ def _stream_of(cupy_stream) -> _Stream:
 
 class _Block:
     """Owner of one allocation: frees it, on the stream it was allocated on, when CuPy drops
-    the last reference.
+    the last reference (or earlier, when the stream object dies in the same reference cycle:
+    see ``_Stream``).
 
     ``cupy_stream`` is CuPy's stream object of that stream, kept alive so that CuPy does not
-    destroy the stream (it does when its last reference dies) while the block still has to be
-    freed on it: an array may outlive the stream it was allocated on. ``stream`` handles the
-    one case that reference cannot cover (see ``_Stream``).
+    destroy the stream while the block still has to be freed on it: an array may outlive the
+    stream it was allocated on.
     """
 
     __slots__ = ("mr", "ptr", "nbytes", "stream", "cupy_stream")
@@ -115,14 +91,11 @@ class _Block:
         self.nbytes = nbytes
         self.stream = stream
         self.cupy_stream = cupy_stream
-        stream.live += 1
+        stream.blocks[ptr] = (mr, nbytes)
 
     def __del__(self):
         st = self.stream
-        st.live -= 1
-        if st.fence or st.unordered:
-            st.free_retired(self.mr, self.ptr, self.nbytes)
-        else:
+        if st.blocks.pop(self.ptr, None) is not None:  # not freed by _Stream._retire
             self.mr.deallocate(self.ptr, self.nbytes, st.rmm)
 
 
