@@ -255,7 +255,9 @@ def plan(args):
     # The longest files first (source size stands in for run time), the baselines before all:
     # a device call's deadline then cuts short files, and the chains reuse the kernels CuPy
     # compiled for the baselines.
-    size = {(n, f): (Path(s["path"]) / f).stat().st_size for n, s in suites.items() for f in s["files"]}
+    size = {
+        (n, f): (Path(s["path"]) / f).stat().st_size for n, s in suites.items() for f in s["files"]
+    }
     jobs.sort(key=lambda j: (j["chain"] != "baseline", -size[j["suite"], j["file"]]))
     return suites, jobs
 
