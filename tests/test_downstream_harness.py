@@ -160,7 +160,7 @@ def test_regression_crash_and_not_run(suite, tmp_path):
     assert "test_chain_fail.py::test_fails_with_chain: passed -> failed" in r.stdout
     assert "CRASH in test_segv.py::test_segv" in r.stdout
     md = (out / "summary.md").read_text()
-    assert "| fake | pool | 6 | 1 | 0 | 2 | 4 | 1 | 1 | 0 |" in md
+    assert "| fake | pool | 6 | 1 | 0 | 2 | 4 | - | 1 | 1 | 0 |" in md
     for ext in ("xml", "log", "state", "meta.json"):
         assert (out / "fake" / "pool" / f"test_chain_fail.{ext}").is_file()
 
@@ -358,3 +358,35 @@ def test_plan_splits_only_files_that_name_the_mark(tmp_path):
         ["--suite", f"s={root}", "--out", "x", "--only-baseline", "--serial-mark", ""]
     )
     assert [j.get("mark") for j in run.plan(args)[1]] == [None, None]
+
+
+def test_regressions_shared_with_the_rmm_reference_are_marked():
+    run = _load_run()
+
+    def entry(*tests):
+        return {"regressions": [{"test": t} for t in tests], "files_done": 1}
+
+    chains = {
+        "sof_stream+CupyAllocator": entry("a", "b"),
+        "ref_rmm_pool+CupyAllocator": entry("b", "c"),
+        "pool+CupyAllocator": entry("a"),  # its reference (ref_cuda_async) did not run
+    }
+    for name, e in chains.items():
+        run.mark_shared(name, e, chains)
+    sof = chains["sof_stream+CupyAllocator"]
+    assert sof["own_regressions"] == 1
+    assert [r.get("shared_with") for r in sof["regressions"]] == [
+        None,
+        "ref_rmm_pool+CupyAllocator",
+    ]
+    assert chains["pool+CupyAllocator"]["own_regressions"] is None
+    assert "(1 not under its rmm reference)" in run.line(
+        "sof_stream+CupyAllocator",
+        {
+            **sof,
+            "counts": dict.fromkeys(run.OUTCOMES, 0),
+            "crashes": [],
+            "unraisable": [],
+            "hazard_count": 0,
+        },
+    )

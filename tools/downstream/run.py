@@ -65,6 +65,12 @@ REFERENCE_CHAINS = {
     "ref_rmm_pool": "rmm_pool(cuda, initial_pool_size=1GiB)",
     "ref_cuda_async": "cuda_async",
 }
+REFERENCE_OF = {  # chain -> the reference holding its rmm upstream alone
+    "pool": "ref_cuda_async",
+    "tracker": "ref_cuda_async",
+    "sof_deferred": "ref_rmm_pool",
+    "sof_stream": "ref_rmm_pool",
+}
 CUPY_ALLOCATORS = {"rmm": "rmm_cupy_allocator", "rmm_fences": "CupyAllocator"}  # DS_CUPY: suffix
 DEFAULT_FILES = {  # globs relative to the suite's folder; any other suite: test_*.py
     "cupy": [
@@ -668,6 +674,22 @@ def compare(chain, base, files):
     }
 
 
+def mark_shared(chain, entry, chains):
+    """Marks each regression that the chain's rmm reference (its upstream alone, same
+    allocator) has too, and counts the others (``own_regressions``; None: no reference ran)."""
+    name, plus, how = chain.partition("+")
+    ref = REFERENCE_OF.get(name)
+    ref_entry = chains.get(f"{ref}{plus}{how}") if ref else None
+    if ref_entry is None or not ref_entry.get("files_done"):
+        entry["own_regressions"] = None
+        return
+    theirs = {r["test"] for r in ref_entry["regressions"]}
+    for r in entry["regressions"]:
+        if r["test"] in theirs:
+            r["shared_with"] = f"{ref}{plus}{how}"
+    entry["own_regressions"] = sum("shared_with" not in r for r in entry["regressions"])
+
+
 def report(out):
     """Write summary.json and summary.md from OUT's files and print the summary; exit code."""
     out = Path(out).resolve()
@@ -695,6 +717,9 @@ def report(out):
         )
         results.setdefault(suite, {})[chain] = entry
         failing |= bool(entry["crashes"] or entry["regressions"])
+    for chains in results.values():
+        for chain, entry in chains.items():
+            mark_shared(chain, entry, chains)
     summary = {
         "generated": _now(),
         "out": str(out),
@@ -726,7 +751,13 @@ def line(chain, e):
     )
     return (
         f"{chain}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped{extra}; "
-        f"{len(e['regressions'])} regressions, {len(e['crashes'])} crashes, "
+        f"{len(e['regressions'])} regressions"
+        + (
+            ""
+            if e.get("own_regressions") is None
+            else f" ({e['own_regressions']} not under its rmm reference)"
+        )
+        + f", {len(e['crashes'])} crashes, "
         f"{len(e['unraisable'])} unraisable, {e['hazard_count']} hazards"
     )
 
@@ -756,9 +787,9 @@ def markdown(s):
         + ", ".join(f"{k} {v[k]}" for k in ("python", "rmm", "cupy", "rmm_fences") if k in v)
         + ("; **fake run (RMM_FENCES_DS_FAKE=1)**" if s.get("fake") else ""),
         "",
-        "| suite | chain | passed | failed | errors | skipped | regressions | crashes | "
-        "unraisable | hazards |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| suite | chain | passed | failed | errors | skipped | regressions | not under its rmm "
+        "reference | crashes | unraisable | hazards |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for suite, chains in s["results"].items():
         for chain, e in chains.items():
@@ -766,6 +797,7 @@ def markdown(s):
             md.append(
                 f"| {suite} | {chain} | {c['passed']} | {c['failed']} | {c['error']} | "
                 f"{c['skipped'] + c['xfailed']} | {len(e['regressions'])} | "
+                f"{'-' if e.get('own_regressions') is None else e['own_regressions']} | "
                 f"{len(e['crashes'])} | {len(e['unraisable'])} | {e['hazard_count']} |"
             )
     missing = [f"- {name}: `{p}`" for name, suite in s["suites"].items() for p in suite["missing"]]
@@ -777,6 +809,7 @@ def markdown(s):
                     "Regressions",
                     [
                         f"`{r['test']}`: {r['baseline']} -> {r['outcome']}: {_first(r['message'])}"
+                        + (f" (also under {r['shared_with']})" if r.get("shared_with") else "")
                         for r in e["regressions"]
                     ],
                 ),
