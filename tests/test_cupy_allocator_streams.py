@@ -120,3 +120,21 @@ def test_a_failed_free_at_retirement_frees_the_others_then_raises(log):
     del blocks  # their own __del__ does not free them again
     assert _frees(log) == [(0x20, 0x43), (0x30, 0x43)]
     del stream
+
+
+def test_a_block_that_cannot_be_registered_is_freed_at_once(log, monkeypatch):
+    class FailingDict(dict):
+        def __setitem__(self, key, value):
+            raise MemoryError("no host memory")
+
+    mr = RecordingMR(log)
+    mr.allocate = lambda nbytes, stream: 0x9000
+    current = [FakeStream(log, 0x44)]
+    monkeypatch.setattr(cupy_alloc.cupy.cuda, "get_current_stream", lambda: current[0])
+    cupy_alloc._stream_of(current[0]).blocks = FailingDict()
+    alloc = cupy_alloc.CupyAllocator.__new__(cupy_alloc.CupyAllocator)
+    alloc.mr, alloc.device = mr, 0
+    with pytest.raises(MemoryError):
+        alloc(4096)
+    assert _frees(log) == [(0x9000, 0x44)]  # freed once, on its stream
+    current.clear()

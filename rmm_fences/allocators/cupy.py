@@ -135,7 +135,11 @@ class CupyAllocator:
         cupy_stream = cupy.cuda.get_current_stream()
         stream = _stream_of(cupy_stream)
         ptr = self.mr.allocate(nbytes, stream.rmm)
-        owner = _Block(self.mr, ptr, nbytes, stream, cupy_stream)
+        try:
+            owner = _Block(self.mr, ptr, nbytes, stream, cupy_stream)
+        except BaseException:  # not registered (no host memory): nothing else would free it
+            self.mr.deallocate(ptr, nbytes, stream.rmm)
+            raise
         mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device)
         return cupy.cuda.MemoryPointer(mem, 0)
 
