@@ -109,12 +109,15 @@ def harness(*args):
     )
 
 
+def run_fake(suite, out, *args):
+    """The harness on the fake suite, its output in ``out``."""
+    return harness("--suite", f"fake={suite}", "--out", out, *args)
+
+
 def test_regression_crash_and_not_run(suite, tmp_path):
     out = tmp_path / "out"
-    r = harness(
-        "--suite",
-        f"fake={suite}",
-        "--out",
+    r = run_fake(
+        suite,
         out,
         "--jobs",
         4,
@@ -173,10 +176,8 @@ def test_regression_crash_and_not_run(suite, tmp_path):
 
 def test_baseline_only_exits_zero(suite, tmp_path):
     out = tmp_path / "out"
-    r = harness(
-        "--suite",
-        f"fake={suite}",
-        "--out",
+    r = run_fake(
+        suite,
         out,
         "--only-baseline",
         "--chain",
@@ -191,10 +192,8 @@ def test_baseline_only_exits_zero(suite, tmp_path):
 def test_timeout_kills_and_names_the_test(suite, tmp_path):
     (suite / "test_hang.py").write_text(textwrap.dedent(HANG))
     out = tmp_path / "out"
-    r = harness(
-        "--suite",
-        f"fake={suite}",
-        "--out",
+    r = run_fake(
+        suite,
         out,
         "--files",
         "test_hang.py",
@@ -220,10 +219,8 @@ def test_deadline_leaves_files_for_resume(suite, tmp_path):
     (suite / "test_slow.py").write_text(textwrap.dedent(SLOW))
     out = tmp_path / "out"
     files = ("--files", "test_pass.py", "test_slow.py")
-    r = harness(
-        "--suite",
-        f"fake={suite}",
-        "--out",
+    r = run_fake(
+        suite,
         out,
         *files,
         "--only-baseline",
@@ -311,10 +308,8 @@ MARKED = """
 def test_marked_tests_run_apart_after_the_rest(suite, tmp_path):
     (suite / "test_marked.py").write_text(textwrap.dedent(MARKED))
     out = tmp_path / "out"
-    r = harness(
-        "--suite",
-        f"fake={suite}",
-        "--out",
+    r = run_fake(
+        suite,
         out,
         "--files",
         "test_marked.py",
