@@ -300,7 +300,7 @@ cdef class HostSyncOnFree:
         (``is_capturing``, ``key``, ``stream_id``, ``acquire_fence``, ``record``, ``ready``
         (fence queries) and ``ready_complete`` (those that found the fence complete),
         ``release_fence``, ``host_wait``, ``sync_stream``, ``sync_device``) and the upstream
-        (``upstream_allocate``, ``upstream_deallocate``).
+        (``upstream_allocate``, ``upstream_deallocate``). The counts start again from 0.
 
         ``fences``: ``"complete_next_call"``, a fence is complete from the next call on (a
         device processes a record asynchronously: a query in the call that recorded it finds
@@ -315,7 +315,8 @@ cdef class HostSyncOnFree:
 
     @property
     def calls(self) -> dict:
-        """Every platform and upstream call so far (the keys of :meth:`run_pairs`)."""
+        """The platform and upstream calls so far, since the last :meth:`run_pairs` (its
+        keys)."""
         return deref(self.c_obj).calls()
 
     def fence(self, size_t fence) -> dict:

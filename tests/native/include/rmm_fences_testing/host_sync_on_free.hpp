@@ -47,7 +47,7 @@ inline constexpr std::uintptr_t per_thread_handle = 2;
 /// The simulated thread of the caller (selects its per-thread default stream).
 inline thread_local int host_thread = 0;
 
-/// Every call the core made on its platform and its upstream (attempts, whatever their
+/// The calls the core made on its platform and its upstream (attempts, whatever their
 /// outcome): the call-count profile of `host_sync_on_free::run_pairs`.
 struct platform_calls {
   std::uint64_t is_capturing{};
@@ -63,26 +63,6 @@ struct platform_calls {
   std::uint64_t sync_device{};
   std::uint64_t upstream_allocate{};
   std::uint64_t upstream_deallocate{};
-
-  /// The calls made since `earlier` (a snapshot of the same counters).
-  [[nodiscard]] platform_calls since(platform_calls const& earlier) const noexcept
-  {
-    platform_calls d;
-    d.is_capturing        = is_capturing - earlier.is_capturing;
-    d.key                 = key - earlier.key;
-    d.stream_id           = stream_id - earlier.stream_id;
-    d.acquire_fence       = acquire_fence - earlier.acquire_fence;
-    d.record              = record - earlier.record;
-    d.ready               = ready - earlier.ready;
-    d.ready_complete      = ready_complete - earlier.ready_complete;
-    d.release_fence       = release_fence - earlier.release_fence;
-    d.host_wait           = host_wait - earlier.host_wait;
-    d.sync_stream         = sync_stream - earlier.sync_stream;
-    d.sync_device         = sync_device - earlier.sync_device;
-    d.upstream_allocate   = upstream_allocate - earlier.upstream_allocate;
-    d.upstream_deallocate = upstream_deallocate - earlier.upstream_deallocate;
-    return d;
-  }
 };
 
 /**
@@ -138,7 +118,7 @@ struct fence_board {
   std::uint64_t identity_queries{};
   std::uint64_t records{};             ///< fences recorded (successful records)
   std::uint64_t released_fence_use{};  ///< tests, waits or releases of a released fence
-  platform_calls calls;                ///< every platform and upstream call (attempts)
+  platform_calls calls;                ///< platform and upstream calls (since `run_pairs`)
 
   /// A fence is complete as soon as it is recorded (its stream has no work queued): the model
   /// of a device that processes a record before the next host call can query it.
@@ -787,7 +767,7 @@ class host_sync_on_free {
   /**
    * @brief `pairs` allocate + deallocate pairs of `bytes` on `stream` with no device work (as
    * the native alloc/free benchmark runs them); returns the platform and upstream calls they
-   * made.
+   * made (the counts start again from 0).
    *
    * Each fence recorded before a call is complete when that call begins (the stream has no
    * work); a fence recorded during a call is complete during that call only with
@@ -798,10 +778,9 @@ class host_sync_on_free {
                            std::uint64_t pairs,
                            bool complete_at_record)
   {
-    platform_calls before;
     {
       std::lock_guard<std::recursive_mutex> lock(board_->m);
-      before                     = board_->calls;
+      board_->calls              = {};
       board_->complete_at_record = complete_at_record;
     }
     for (std::uint64_t i = 0; i < pairs; ++i) {
@@ -812,10 +791,10 @@ class host_sync_on_free {
     }
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     board_->complete_at_record = false;
-    return board_->calls.since(before);
+    return board_->calls;
   }
 
-  /// Every platform and upstream call so far.
+  /// The platform and upstream calls so far (since the last `run_pairs`).
   platform_calls calls() const
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
