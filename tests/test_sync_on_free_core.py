@@ -539,6 +539,61 @@ def test_one_identity_query_per_batch_not_per_free():
     assert h.board_counts["identity_queries"] == 1 + 4 == h.stats["fences"]
 
 
+# The calls of steady-state allocate + free pairs (default batch limits, no work on the
+# stream), per batch of max_batch_frees = 16 pairs. A fence recorded in a call is pending during
+# that call (a device processes a record after the call that made it) and complete from the next
+# call on (or, the other model, complete at once): either way each fence is tested once, by a
+# later call, and found complete.
+PAIR_CALLS_PER_BATCH = {
+    # 16 frees fill a batch (16 MiB < max_batch_bytes): one record, covering frees of earlier
+    # calls, so one identity query
+    1 << 20: {
+        "stream_id": 1,
+        "acquire_fence": 1,
+        "record": 1,
+        "ready": 1,
+        "ready_complete": 1,
+        "release_fence": 1,
+    },
+    # every free fills max_batch_bytes: one record per free, covering only the block of its
+    # call, so no identity query
+    64 << 20: {
+        "stream_id": 0,
+        "acquire_fence": 16,
+        "record": 16,
+        "ready": 16,
+        "ready_complete": 16,
+        "release_fence": 16,
+    },
+}
+
+
+@pytest.mark.parametrize("nbytes", sorted(PAIR_CALLS_PER_BATCH))
+@pytest.mark.parametrize("fences", ["complete_next_call", "complete_at_record"])
+def test_steady_state_pair_calls(nbytes, fences):
+    h = HostSyncOnFree("deferred")
+    h.recycle_fences = True
+    h.run_pairs(nbytes, 3 * 16, fences=fences)  # warm-up: the stream's identity, a few batches
+    batches = 4
+    calls = h.run_pairs(nbytes, batches * 16, fences=fences)
+    expected = {k: v * batches for k, v in PAIR_CALLS_PER_BATCH[nbytes].items()}
+    expected.update(
+        upstream_allocate=16 * batches,
+        upstream_deallocate=16 * batches,
+        host_wait=0,
+        sync_stream=0,
+        sync_device=0,
+    )
+    assert {k: calls[k] for k in expected} == expected, calls
+    # a capture test (and a stream key) per free, and per allocate that tests fences: one call
+    # in max_batch_frees at most
+    for name in ("is_capturing", "key"):
+        assert 16 * batches <= calls[name] <= 17 * batches, calls
+    assert h.stats["syncs"] == 0 and h.board_counts["released_fence_use"] == 0
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
 def test_a_fence_shared_by_a_batch_is_recycled_once_after_its_last_block():
     h = HostSyncOnFree("deferred", max_batch_frees=4, max_pending_bytes=150)
     h.recycle_fences = True

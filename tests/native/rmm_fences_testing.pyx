@@ -94,6 +94,21 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         optional[size_t] max_batch_bytes()
         sync_on_free_stats stats() except +
 
+    cdef struct platform_calls:
+        uint64_t is_capturing
+        uint64_t key
+        uint64_t stream_id
+        uint64_t acquire_fence
+        uint64_t record
+        uint64_t ready
+        uint64_t ready_complete
+        uint64_t release_fence
+        uint64_t host_wait
+        uint64_t sync_stream
+        uint64_t sync_device
+        uint64_t upstream_allocate
+        uint64_t upstream_deallocate
+
     cdef struct thread_run_result:
         uint64_t frees
         uint64_t unsafe_releases
@@ -114,6 +129,8 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         void free_in_capture_after_next_device_sync(uintptr_t, void*, size_t) except +
         int64_t fence_of(void*) except +
         thread_run_result run_threads(int, int, uint64_t) nogil except +
+        platform_calls run_pairs(uintptr_t, size_t, uint64_t, bool) except +MemoryError
+        platform_calls calls() except +
         core_type& core()
         fence_board& board()
         host_upstream& upstream()
@@ -275,6 +292,32 @@ cdef class HostSyncOnFree:
         with nogil:
             r = deref(self.c_obj).run_threads(workers, iterations, random_state)
         return r  # the struct's fields, by name
+
+    def run_pairs(self, size_t nbytes, uint64_t pairs, uintptr_t stream=7,
+                  str fences="complete_next_call") -> dict:
+        """``pairs`` allocate + deallocate pairs of ``nbytes`` on ``stream`` with no work on it
+        (the native alloc/free benchmark's loop); returns the calls they made on the platform
+        (``is_capturing``, ``key``, ``stream_id``, ``acquire_fence``, ``record``, ``ready``
+        (fence queries) and ``ready_complete`` (those that found the fence complete),
+        ``release_fence``, ``host_wait``, ``sync_stream``, ``sync_device``) and the upstream
+        (``upstream_allocate``, ``upstream_deallocate``). The counts start again from 0.
+
+        ``fences``: ``"complete_next_call"``, a fence is complete from the next call on (a
+        device processes a record asynchronously: a query in the call that recorded it finds
+        it pending); ``"complete_at_record"``, complete as soon as it is recorded.
+        """
+        if fences not in ("complete_next_call", "complete_at_record"):
+            raise ValueError(
+                "fences must be 'complete_next_call' or 'complete_at_record', "
+                f"got {fences!r}"
+            )
+        return deref(self.c_obj).run_pairs(stream, nbytes, pairs, fences == "complete_at_record")
+
+    @property
+    def calls(self) -> dict:
+        """The platform and upstream calls so far, since the last :meth:`run_pairs` (its
+        keys)."""
+        return deref(self.c_obj).calls()
 
     def fence(self, size_t fence) -> dict:
         cdef fence_entry f = deref(self.c_obj).board().fence_at(fence)

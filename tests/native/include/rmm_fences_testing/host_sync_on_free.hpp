@@ -47,6 +47,24 @@ inline constexpr std::uintptr_t per_thread_handle = 2;
 /// The simulated thread of the caller (selects its per-thread default stream).
 inline thread_local int host_thread = 0;
 
+/// The calls the core made on its platform and its upstream (attempts, whatever their
+/// outcome): the call-count profile of `host_sync_on_free::run_pairs`.
+struct platform_calls {
+  std::uint64_t is_capturing{};
+  std::uint64_t key{};
+  std::uint64_t stream_id{};
+  std::uint64_t acquire_fence{};
+  std::uint64_t record{};
+  std::uint64_t ready{};           ///< fence queries
+  std::uint64_t ready_complete{};  ///< queries that found the fence complete
+  std::uint64_t release_fence{};
+  std::uint64_t host_wait{};
+  std::uint64_t sync_stream{};
+  std::uint64_t sync_device{};
+  std::uint64_t upstream_allocate{};
+  std::uint64_t upstream_deallocate{};
+};
+
 /**
  * @brief Streams, their work and manual fences that follow stream order.
  *
@@ -100,6 +118,11 @@ struct fence_board {
   std::uint64_t identity_queries{};
   std::uint64_t records{};             ///< fences recorded (successful records)
   std::uint64_t released_fence_use{};  ///< tests, waits or releases of a released fence
+  platform_calls calls;                ///< platform and upstream calls (since `run_pairs`)
+
+  /// A fence is complete as soon as it is recorded (its stream has no work queued): the model
+  /// of a device that processes a record before the next host call can query it.
+  bool complete_at_record{};
 
   /// Runs once right after the next successful device synchronization (another thread's call
   /// that lands after the sync covered everything).
@@ -231,14 +254,18 @@ class host_platform {
   [[nodiscard]] bool ready(fence_type f) const
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->calls.ready;
     note_use(f);
     if (board_->fails(board_->fail_query)) { return false; }
-    return board_->fence_at(f).signalled;
+    bool const complete = board_->fence_at(f).signalled;
+    board_->calls.ready_complete += complete ? 1 : 0;
+    return complete;
   }
 
   bool host_wait(fence_type f)
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->calls.host_wait;
     note_use(f);
     if (board_->fails(board_->fail_wait)) { return false; }
     if (!board_->fence_at(f).signalled) { ++board_->forced_waits; }
@@ -250,6 +277,7 @@ class host_platform {
   fence_type acquire_fence()
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->calls.acquire_fence;
     if (board_->recycle_fences && !board_->free_fences.empty()) {
       auto const f = board_->free_fences.back();
       board_->free_fences.pop_back();
@@ -263,6 +291,7 @@ class host_platform {
   void release_fence(fence_type f) noexcept
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->calls.release_fence;
     note_use(f);
     board_->fences.at(f).released = true;
     if (board_->recycle_fences) { board_->free_fences.push_back(f); }
@@ -271,6 +300,7 @@ class host_platform {
   bool record(fence_type f, stream_type stream) noexcept
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->calls.record;
     // Records run in relaxed capture mode: another thread's global capture does not fail them.
     if (board_->fails(board_->fail_record, /*by_global_capture=*/false)) { return false; }
     auto const id = board_->resolve(stream);
@@ -283,16 +313,23 @@ class host_platform {
     fence.position  = s.enqueued;
     fence.recorded  = true;
     ++board_->records;
+    if (board_->complete_at_record) { s.completed = s.enqueued; }
     return true;
   }
 
-  bool is_capturing(stream_type stream) noexcept { return board_->is_capturing(stream); }
+  bool is_capturing(stream_type stream) noexcept
+  {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->calls.is_capturing;
+    return board_->is_capturing(stream);
+  }
 
   bool sync_device() noexcept
   {
     std::function<void()> after;
     {
       std::lock_guard<std::recursive_mutex> lock(board_->m);
+      ++board_->calls.sync_device;
       // A capture under way makes a device synchronization fail.
       if (board_->any_capturing()) {
         ++board_->failed_calls;
@@ -310,6 +347,7 @@ class host_platform {
   bool sync_stream(stream_type stream) noexcept
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->calls.sync_stream;
     if (board_->fails(board_->fail_sync_stream)) { return false; }
     if (board_->is_capturing(stream)) {
       ++board_->failed_calls;
@@ -321,8 +359,12 @@ class host_platform {
   }
 
   /// The handle, except the per-thread default stream, qualified by the calling thread.
-  static std::uintptr_t key(stream_type stream) noexcept
+  std::uintptr_t key(stream_type stream) noexcept
   {
+    {
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      ++board_->calls.key;
+    }
     if (stream == per_thread_handle) {
       return (std::uintptr_t{1} << 62U) | static_cast<std::uintptr_t>(host_thread);
     }
@@ -332,6 +374,7 @@ class host_platform {
   std::uint64_t stream_id(stream_type stream) noexcept
   {
     std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++board_->calls.stream_id;
     ++board_->identity_queries;
     if (board_->is_capturing(stream)) { ++board_->invalidated_captures; }
     if (board_->fails(board_->fail_stream_id, /*by_global_capture=*/false)) { return 0; }
@@ -373,6 +416,7 @@ class host_upstream {
   void* allocate(std::uintptr_t, std::size_t bytes, std::size_t alignment)
   {
     std::lock_guard<std::mutex> lock(*mutex_);
+    count_call(&platform_calls::upstream_allocate);
     if (used_ + bytes > limit_) { throw host_out_of_memory{}; }
     auto const size = ((bytes == 0 ? 1 : bytes) + alignment - 1) / alignment * alignment;
     void* ptr       = std::aligned_alloc(alignment, size);
@@ -385,6 +429,7 @@ class host_upstream {
   void deallocate(std::uintptr_t stream, void* ptr, std::size_t bytes, std::size_t) noexcept
   {
     std::lock_guard<std::mutex> lock(*mutex_);
+    count_call(&platform_calls::upstream_deallocate);
     auto const p   = reinterpret_cast<std::uintptr_t>(ptr);
     bool signalled = true;
     if (auto it = last_use.find(p); it != last_use.end()) {
@@ -468,6 +513,12 @@ class host_upstream {
   std::uint64_t bad_frees{};  ///< frees of blocks it did not hand out (or of another size)
 
  private:
+  void count_call(std::uint64_t platform_calls::* counter) const
+  {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    ++(board_->calls.*counter);
+  }
+
   std::unique_ptr<std::mutex> mutex_{std::make_unique<std::mutex>()};
   std::size_t limit_;
   std::size_t used_{};
@@ -711,6 +762,43 @@ class host_sync_on_free {
     out.invalidated_captures = board_->invalidated_captures;
     out.released_fence_use   = board_->released_fence_use;
     return out;
+  }
+
+  /**
+   * @brief `pairs` allocate + deallocate pairs of `bytes` on `stream` with no device work (as
+   * the native alloc/free benchmark runs them); returns the platform and upstream calls they
+   * made (the counts start again from 0).
+   *
+   * Each fence recorded before a call is complete when that call begins (the stream has no
+   * work); a fence recorded during a call is complete during that call only with
+   * `complete_at_record`.
+   */
+  platform_calls run_pairs(std::uintptr_t stream,
+                           std::size_t bytes,
+                           std::uint64_t pairs,
+                           bool complete_at_record)
+  {
+    {
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      board_->calls              = {};
+      board_->complete_at_record = complete_at_record;
+    }
+    for (std::uint64_t i = 0; i < pairs; ++i) {
+      board_->signal_all();
+      void* ptr = core_.allocate(stream, bytes, 256);
+      board_->signal_all();
+      core_.deallocate(stream, ptr, bytes, 256);
+    }
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    board_->complete_at_record = false;
+    return board_->calls;
+  }
+
+  /// The platform and upstream calls so far (since the last `run_pairs`).
+  platform_calls calls() const
+  {
+    std::lock_guard<std::recursive_mutex> lock(board_->m);
+    return board_->calls;
   }
 
   core_type& core() noexcept { return core_; }

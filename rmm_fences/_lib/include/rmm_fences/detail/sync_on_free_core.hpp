@@ -75,9 +75,10 @@ struct batch_limits {
  * is parked. In device and stream mode a failed synchronization falls back to the deferred rule
  * with the fence recorded at once; when not even a fence can be recorded the block is parked.
  * Fences are tested without blocking on one call in `max_frees` and by the free that records a
- * batch; above `max_pending_bytes` the oldest fences are waited on; on out-of-memory every
- * fence is waited on (and unfenced blocks go if the device synchronizes) and the allocation
- * retried once.
+ * batch (never the fence recorded in that call: the device has not processed it yet, so the
+ * test would be in vain); above `max_pending_bytes` the oldest fences are waited on; on
+ * out-of-memory every fence is waited on (and unfenced blocks go if the device synchronizes) and
+ * the allocation retried once.
  *
  * During capture of the calling stream nothing is queried or synchronized: frees are parked.
  * A parked block gets its fence at a later call outside capture only on the very stream that
@@ -475,8 +476,10 @@ class sync_on_free_core {
    * `rule` applies.
    *
    * With `oldest`, blocks over the cap are taken out (oldest fences first) for the caller to
-   * wait on; with `ready`, blocks whose fence completed are taken out. The block `own_seq`
-   * counts as deferred unless the stream was synchronized for it or it was parked.
+   * wait on; with `ready`, blocks whose fence completed are taken out, except those of the
+   * fence just recorded (a device processes a record after the call that made it: a test now
+   * would find it pending; a later call tests it). The block `own_seq` counts as deferred
+   * unless the stream was synchronized for it or it was parked.
    */
   void fence_listed(stream_type stream,
                     key_type key,
@@ -503,9 +506,14 @@ class sync_on_free_core {
       std::lock_guard<std::mutex> lock(mutex_);
       note_id(key, id);
       bool own_blocked = false;  // the stream was synchronized for it, or it was parked
+      std::optional<fence_type> recorded_now;  // not tested in this call: it would be pending
       if (fence.has_value()) {
         // arm throws (no host memory) before changing anything: the fence goes back below
-        if (list_.arm(key, id, own_seq, before, *fence) == 0) { platform_.release_fence(*fence); }
+        if (list_.arm(key, id, own_seq, before, *fence) == 0) {
+          platform_.release_fence(*fence);
+        } else {
+          recorded_now = fence;
+        }
         fence.reset();
       } else if (synced_ok) {
         own_blocked = list_.take_synced(key, id, own_seq, before, synced);
@@ -519,7 +527,7 @@ class sync_on_free_core {
           list_.pending_bytes() > *max_pending_bytes_) {
         list_.take_oldest_until(*max_pending_bytes_, *oldest);
       }
-      if (ready != nullptr) { list_.release_ready(platform_, *ready); }
+      if (ready != nullptr) { list_.release_ready(platform_, *ready, recorded_now); }
       list_changed();
     } catch (...) {
       // No host memory (for the fence's reference count, or the buffers): what was not done
