@@ -83,20 +83,19 @@ class _Block:
     stream it was allocated on.
     """
 
-    __slots__ = ("mr", "ptr", "nbytes", "stream", "cupy_stream")
+    __slots__ = ("ptr", "stream", "cupy_stream")
 
     def __init__(self, mr, ptr, nbytes, stream, cupy_stream):
-        self.mr = mr
         self.ptr = ptr
-        self.nbytes = nbytes
         self.stream = stream
         self.cupy_stream = cupy_stream
-        stream.blocks[ptr] = (mr, nbytes)
+        stream.blocks[ptr] = (mr, nbytes)  # the resource and size live only there
 
     def __del__(self):
         st = self.stream
-        if st.blocks.pop(self.ptr, None) is not None:  # not freed by _Stream._retire
-            self.mr.deallocate(self.ptr, self.nbytes, st.rmm)
+        entry = st.blocks.pop(self.ptr, None)
+        if entry is not None:  # not freed by _Stream._retire
+            entry[0].deallocate(self.ptr, entry[1], st.rmm)
 
 
 class CupyAllocator:
