@@ -385,3 +385,63 @@ def test_regressions_shared_with_the_rmm_reference_are_marked():
             "hazard_count": 0,
         },
     )
+
+
+OOM_ONCE = """
+    import os
+    from pathlib import Path
+
+    def test_short_of_memory_once():
+        # under a chain, the first process runs short of memory (another held it); alone, not
+        flag = Path(os.environ["FLAG_DIR"]) / "ran"
+        if os.environ.get("RMM_FENCES_DS_CHAIN") and not flag.exists():
+            flag.write_text("")
+            raise MemoryError("cudaErrorMemoryAllocation: out of memory")
+
+    def test_other():
+        pass
+    """
+
+OOM_ALWAYS = """
+    import os
+
+    def test_short_of_memory_always():
+        if os.environ.get("RMM_FENCES_DS_CHAIN"):
+            raise MemoryError("std::bad_alloc: out_of_memory: pool cannot allocate")
+    """
+
+
+def test_files_short_of_memory_run_again_alone(suite, tmp_path, monkeypatch):
+    (suite / "test_oom_once.py").write_text(textwrap.dedent(OOM_ONCE))
+    (suite / "test_oom_always.py").write_text(textwrap.dedent(OOM_ALWAYS))
+    monkeypatch.setenv("FLAG_DIR", str(tmp_path))
+    out, files = tmp_path / "out", ("test_oom_once.py", "test_oom_always.py", "test_chain_fail.py")
+    r = run_fake(suite, out, "--files", *files, "--jobs", 3, "--chain", "pool=pool(cuda_async)")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "2 file(s) again, alone" in r.stderr  # not test_chain_fail.py: no memory error
+    pool = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]
+    assert sorted(pool["files_run_alone"]) == ["test_oom_always.py", "test_oom_once.py"]
+    # the run alone is the result: the first passes there, the second is a real regression
+    assert {r["test"] for r in pool["regressions"]} == {
+        "test_oom_always.py::test_short_of_memory_always",
+        "test_chain_fail.py::test_fails_with_chain",
+    }
+    first = out / "fake" / "pool" / "test_oom_once.first.xml"
+    assert "out of memory" in first.read_text()  # the first run is kept
+    assert "2 file(s) run again alone (out of memory)" in r.stdout
+    assert "Run again alone after an out-of-memory error" in (out / "summary.md").read_text()
+
+    # a resumed run does not run them a third time
+    again = harness(
+        "--suite",
+        f"fake={suite}",
+        "--out",
+        out,
+        "--files",
+        *files,
+        "--resume",
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
+    assert "again, alone" not in again.stderr
+    assert "--resume: 6 file(s) already done, 0 to run" in again.stderr

@@ -41,8 +41,9 @@ def check(stats, trace, source, repeat=1):
     assert stats["frees"] == repeat * trace.frees
     assert stats["footprint_source"] == source
     assert stats["trace_peak_live_bytes"] == trace.peak_live_bytes > 0
-    # the chain held every live block at once (threads interleave: the replayed peak counts)
-    assert stats["footprint_bytes"] >= max(stats["peak_live_bytes"], trace.peak_live_bytes)
+    # the chain held every block live at once in the replay; the trace's own peak may be higher
+    # or lower (the threads replay their events in their own order, not the recorded interleaving)
+    assert stats["footprint_bytes"] >= stats["peak_live_bytes"] > 0
     assert stats["fragmentation"] == pytest.approx(stats["footprint_bytes"] / trace.peak_live_bytes)
 
 

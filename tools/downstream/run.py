@@ -20,6 +20,10 @@ results; the exit code is 1 when a chain has a regression or any process crashed
 timeout, no junit report). ``--report-only OUT`` rebuilds the summaries from an existing output
 folder (after an interrupted run: the files not finished are listed as such).
 
+Processes sharing one GPU can take the memory another needs: a file whose failures (or crash)
+name an out-of-memory error runs again at the end, alone on the device, and that run is its
+result (the first is kept as ``BASE.first.*``; ``--no-retry-alone`` turns this off).
+
 A device call has a time limit: ``--deadline SECONDS`` starts no file after that and stops the
 ones still running (they stay unfinished), and a later call with ``--resume`` on the same OUT
 runs only what is unfinished; ``--cupy-cache DIR`` keeps CuPy's compiled kernels in DIR, which
@@ -92,6 +96,13 @@ RANK = {o: i for i, o in enumerate(("skipped", "xfailed", "passed", "xpassed", "
 INI_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 MSG = 500  # characters kept of a failure message
 NOT_RUN = "not run (the process stopped before it, or did not collect it)"
+# A failure with one of these in its message (or a crash with one in its log's end) may be the
+# device memory the other --jobs processes held: the file is run again, alone, after the rest.
+SHORT_OF_MEMORY = re.compile(
+    r"out of memory|out_of_memory|cudaErrorMemoryAllocation|OutOfMemoryError|"
+    r"cudaErrorDevicesUnavailable",
+    re.IGNORECASE,
+)
 
 
 def chain_table(specs=CHAINS, cupy_variants=True):
@@ -144,6 +155,16 @@ def parse_args(argv):
         ),
     )
     p.add_argument("--serial-jobs", type=int, default=2)
+    p.add_argument(
+        "--no-retry-alone",
+        dest="retry_alone",
+        action="store_false",
+        help=(
+            "do not run again, alone on the device, a file whose failures include an "
+            "out-of-memory error (by default its result is the one of the run alone; the "
+            "first run is kept as BASE.first.*)"
+        ),
+    )
     p.add_argument("--timeout-file", type=float, default=900.0, help="seconds per process")
     p.add_argument(
         "--timeout-test",
@@ -376,6 +397,40 @@ def run_job(job, suites, out, args):
     return meta
 
 
+def short_of_memory(out, job):
+    """Whether a finished file not yet run alone failed or crashed with an out-of-memory
+    error (its meta says ``retried_alone`` once it ran alone)."""
+    try:
+        meta = json.loads(Path(f"{out / job['base']}.meta.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False  # not finished: not retried (a later --resume runs it)
+    if meta.get("retried_alone"):
+        return False
+    results, crash, _, _ = evaluate(out, meta)
+    if crash and SHORT_OF_MEMORY.search(crash["log_excerpt"] or ""):
+        return True
+    return any(
+        r["outcome"] in BAD and SHORT_OF_MEMORY.search(r["message"]) for r in results.values()
+    )
+
+
+def run_alone(job, suites, out, args):
+    """Runs a file again (alone: the caller runs one at a time), its first run kept as
+    BASE.first.*; put back when the deadline leaves no time to start."""
+    base, exts = out / job["base"], (".xml", ".log", ".state", ".meta.json")
+    if (left := _left(args)) is not None and left < 1:
+        return None
+    for ext in exts:
+        if Path(f"{base}{ext}").is_file():
+            Path(f"{base}{ext}").replace(f"{base}.first{ext}")
+    meta = run_job({**job, "retried_alone": True}, suites, out, args)
+    if meta is None:  # not run to its end: the first run stands
+        for ext in exts:
+            if Path(f"{base}.first{ext}").is_file():
+                Path(f"{base}.first{ext}").replace(f"{base}{ext}")
+    return meta
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -416,12 +471,23 @@ def run_all(args):
     phases = [
         ([j for j in todo if not j.get("serial")], args.jobs),  # baselines first
         ([j for j in todo if j.get("serial")], args.serial_jobs),  # then the serial marks
+        ("retry", 1),  # then, one at a time, the files that ran short of device memory
     ]
     done = 0
     try:
         for phase, width in phases:
+            if phase == "retry":  # what ran short of memory among many runs again alone
+                if not args.retry_alone:
+                    continue
+                phase = [j for j in jobs if short_of_memory(out, j)]
+                if phase:
+                    print(f"{len(phase)} file(s) again, alone", file=sys.stderr, flush=True)
+                todo = todo + phase
+                runner = run_alone
+            else:
+                runner = run_job
             pool = cf.ThreadPoolExecutor(max_workers=max(1, width))
-            futures = [pool.submit(run_job, j, suites, out, args) for j in phase]
+            futures = [pool.submit(runner, j, suites, out, args) for j in phase]
             for fut in cf.as_completed(futures):
                 done += 1
                 if m := fut.result():
@@ -698,6 +764,7 @@ def report(out):
     except (OSError, json.JSONDecodeError):
         sys.exit(f"{out}/run.json missing or unreadable: not an output folder of this harness")
     done, pending, envs = {}, {}, {}  # (suite, chain) -> {file: evaluation}, [file], env
+    alone = {}  # (suite, chain) -> [file run again alone after an out-of-memory error]
     for job in run["jobs"]:
         key = (job["suite"], job["chain"])
         envs.setdefault(key, job["env"])
@@ -707,6 +774,8 @@ def report(out):
             pending.setdefault(key, []).append(job.get("part", job["file"]))
             continue
         done.setdefault(key, {})[job.get("part", job["file"])] = evaluate(out, meta)
+        if meta.get("retried_alone"):
+            alone.setdefault(key, []).append(job.get("part", job["file"]))
     results, failing = {}, False
     for suite, chain in envs:
         entry = compare(chain, done.get((suite, "baseline"), {}), done.get((suite, chain), {}))
@@ -714,6 +783,7 @@ def report(out):
             env=envs[suite, chain],
             files_done=len(done.get((suite, chain), {})),
             files_pending=pending.get((suite, chain), []),
+            files_run_alone=alone.get((suite, chain), []),
         )
         results.setdefault(suite, {})[chain] = entry
         failing |= bool(entry["crashes"] or entry["regressions"])
@@ -741,6 +811,8 @@ def report(out):
                 print(f"    CRASH in {c['test']}: {c['reason']} (log: {c['log']})")
             if e["files_pending"]:
                 print(f"    {len(e['files_pending'])} file(s) not finished")
+            if e.get("files_run_alone"):
+                print(f"    {len(e['files_run_alone'])} file(s) run again alone (out of memory)")
     return summary["exit_code"]
 
 
@@ -840,6 +912,10 @@ def markdown(s):
                     ],
                 ),
                 ("Not finished", [f"`{f}`" for f in e["files_pending"]]),
+                (
+                    "Run again alone after an out-of-memory error among the parallel runs",
+                    [f"`{f}`" for f in e.get("files_run_alone", [])],
+                ),
             ):
                 if items:
                     md += ["", f"## {suite} / {chain}: {title} ({len(items)})", ""]
