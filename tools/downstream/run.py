@@ -407,7 +407,10 @@ def short_of_memory(out, job):
     if meta.get("retried_alone"):
         return False
     results, crash, _, _ = evaluate(out, meta)
-    if crash and SHORT_OF_MEMORY.search(crash["log_excerpt"] or ""):
+    if crash and (
+        SHORT_OF_MEMORY.search(crash["log_excerpt"] or "")
+        or crash["reason"].startswith("killed by SIGKILL")  # the host's out-of-memory killer
+    ):
         return True
     return any(
         r["outcome"] in BAD and SHORT_OF_MEMORY.search(r["message"]) for r in results.values()
@@ -470,8 +473,9 @@ def run_all(args):
     print(f"{len(todo)} pytest processes, {args.jobs} at a time, in {out}", file=sys.stderr)
     phases = [
         ([j for j in todo if not j.get("serial")], args.jobs),  # baselines first
+        ("retry", 1),  # then, one at a time, the files that ran short of memory
         ([j for j in todo if j.get("serial")], args.serial_jobs),  # then the serial marks
-        ("retry", 1),  # then, one at a time, the files that ran short of device memory
+        ("retry", 1),  # and those of them that ran short of memory
     ]
     done = 0
     try:
