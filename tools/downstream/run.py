@@ -412,7 +412,12 @@ def short_of_memory(out, job):
         or crash["reason"].startswith("killed by SIGKILL")  # the host's out-of-memory killer
     ):
         return True
-    return any(
+    if not any(r["outcome"] in BAD for r in results.values()):
+        return False
+    # the failure's message, or its traceback in the log (-q -rfE: the log holds only the
+    # failures' reports; CuPy's helpers re-raise an error as "Only cupy raises error")
+    log = Path(f"{out / job['base']}.log").read_text(encoding="utf-8", errors="replace")
+    return bool(SHORT_OF_MEMORY.search(log)) or any(
         r["outcome"] in BAD and SHORT_OF_MEMORY.search(r["message"]) for r in results.values()
     )
 
