@@ -9,7 +9,7 @@ allocator once, before its first CUDA allocation, and cannot switch back).
 
 The last line printed is a JSON object. Used by the asv training benchmarks
 (torch_training.py), by tests/test_torch_gpu.py and by tools/torch_hazards.py. No downloads:
-random weights and data from fixed seeds.
+random weights and data from fixed random states.
 """
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ def choose(allocator: str):
     return fences_torch.install(FENCES_SPECS[allocator])
 
 
-def _seed(seed: int) -> None:
+def _fix_random_state(random_state: int) -> None:
     import torch
 
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed_all(seed)
+    torch.manual_seed(random_state)
+    torch.cuda.manual_seed_all(random_state)
 
 
 def gpt2_small(
@@ -178,15 +178,16 @@ def _used_bytes() -> int:
     return total - free
 
 
-def model_and_loss(model: str, batch: int | None = None, seed: int = 0):
+def model_and_loss(model: str, batch: int | None = None, random_state: int = 0):
     """``(net, loss_of, batch)``: ``model`` built on the GPU with random data of ``batch``
-    samples (default 8 for gpt2_small, 128 for resnet50; from a generator seeded ``seed + 1``),
+    samples (default 8 for gpt2_small, 128 for resnet50; from a generator
+    started at ``random_state + 1``),
     and the function of no argument that computes its loss under bf16 autocast."""
     import torch
 
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    gen = torch.Generator(device="cuda").manual_seed(random_state + 1)
     if model == "gpt2_small":
         batch = batch or 8
         net = gpt2_small().cuda()
@@ -221,7 +222,7 @@ def train(
     steps: int = 10,
     batch: int | None = None,
     warmup: int = 3,
-    seed: int = 0,
+    random_state: int = 0,
 ) -> dict:
     """``warmup`` + ``steps`` training steps of ``model`` under ``allocator``: the loss of every
     step, the median step time (CUDA events), and device memory in use (peak of samples taken
@@ -233,11 +234,11 @@ def train(
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
-    _seed(seed)
+    _fix_random_state(random_state)
     torch.cuda.init()
     torch.cuda.synchronize()
     base = _used_bytes()
-    net, loss_of, batch = model_and_loss(model, batch, seed)
+    net, loss_of, batch = model_and_loss(model, batch, random_state)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     losses, times, peak = [], [], 0
     for i in range(warmup + steps):
@@ -270,7 +271,7 @@ def train(
     return result
 
 
-def hazard(allocator: str, pattern: str, trials: int = 20, seed: int = 0) -> dict:
+def hazard(allocator: str, pattern: str, trials: int = 20, random_state: int = 0) -> dict:
     """A block freed while another stream still reads it, the way PyTorch code does it, with
     ``Tensor.record_stream`` declaring the reader; ``trials`` checksums against float64.
 
@@ -286,7 +287,7 @@ def hazard(allocator: str, pattern: str, trials: int = 20, seed: int = 0) -> dic
 
     if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(random_state)
     n = 1 << 22  # 16 MiB of float32
     main, side = torch.cuda.current_stream(), torch.cuda.Stream()
     # About 20 ms of GPU clock (kHz where PyTorch reports it; else an H200's 1.98 GHz).
@@ -362,7 +363,7 @@ def switch(case: str) -> dict:
     }
 
 
-def mempool(case: str, seed: int = 0) -> dict:
+def mempool(case: str, random_state: int = 0) -> dict:
     """The MemPool route (``rmm_fences.allocators.torch.mem_pool`` over rmm_fences' pool):
     ``route``: tensors made inside ``torch.cuda.use_mem_pool`` take segments from the pool,
     the results match float64, PyTorch's ``memory_stats()`` keeps working, and after the context
@@ -376,7 +377,7 @@ def mempool(case: str, seed: int = 0) -> dict:
     if case not in ("route", "graph"):
         raise ValueError(f"case must be route or graph, got {case!r}")
     pool = fences_torch.mem_pool(FENCES_SPECS["fences_pool"])
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(random_state)
     host = rng.standard_normal((1024, 1024))
     ref = float((host @ host).sum())
     out = {"case": case, "backend": torch.cuda.get_allocator_backend()}

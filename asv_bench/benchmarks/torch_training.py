@@ -5,7 +5,7 @@ AdamW) under each PyTorch allocator: PyTorch's own (with and without expandable 
 rmm_torch_allocator over CudaAsync and over rmm's pool, rmm_fences' pool and the tracker
 around it. Each (model, allocator) runs in its own process (PyTorch picks its allocator once
 per process): steps per second (median step, CUDA events) and the device memory in use at the
-peak of the samples (``_torch_workloads.train``). Random weights and data, fixed seeds."""
+peak of the samples (``_torch_workloads.train``). Random weights and data, fixed random states."""
 
 from ._common import require_gpu
 from ._torch_workloads import ALLOCATORS, MODELS, run
