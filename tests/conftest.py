@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
+import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -105,6 +107,25 @@ def scenarios(cupy):
     from rmm_fences import _scenarios
 
     return _scenarios
+
+
+@pytest.fixture(scope="session")
+def json_child():
+    """``run(code, *args, timeout=300)``: runs Python ``code`` with ``args`` in a child process
+    (a crash is the child's exit code, not the test run's) and returns ``(exit code, the last
+    line of its stdout that starts with "{" as a dict or None, stdout, stderr)``."""
+
+    def run(code, *args, timeout=300):
+        res = subprocess.run(
+            [sys.executable, "-P", "-c", code, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
+        return res.returncode, (json.loads(lines[-1]) if lines else None), res.stdout, res.stderr
+
+    return run
 
 
 @pytest.fixture

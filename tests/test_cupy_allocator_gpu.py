@@ -6,10 +6,6 @@ its last reference dies; the free of the array must not use the destroyed handle
 Each chain runs in a child process, so a segmentation fault is seen as a crash exit code.
 """
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -86,35 +82,28 @@ gc.enable()
 """
 
 
-def run_child(body, chain, what):
+def run_child(json_child, body, chain, what):
     """Runs SETUP + body + REPORT for ``chain`` in a child process (a crash is an exit code)."""
-    res = subprocess.run(
-        [sys.executable, "-P", "-c", SETUP + body + REPORT, chain],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
-    report = json.loads(lines[-1]) if lines else None
-    print(f"\nCupyAllocator over {chain}, {what}: exit {res.returncode}, {report}")
-    assert res.returncode == 0, f"child exit {res.returncode}\n{res.stdout}\n{res.stderr[-4000:]}"
+    rc, report, out, err = json_child(SETUP + body + REPORT, chain)
+    print(f"\nCupyAllocator over {chain}, {what}: exit {rc}, {report}")
+    assert rc == 0, f"child exit {rc}\n{out}\n{err[-4000:]}"
     assert report is not None
     return report
 
 
 @pytest.mark.parametrize("chain", ["pool", "sync_on_free", "tracking"])
-def test_array_outliving_its_stream_is_freed_safely(chain):
-    report = run_child(OUTLIVING, chain, "arrays outliving their stream")
+def test_array_outliving_its_stream_is_freed_safely(json_child, chain):
+    report = run_child(json_child, OUTLIVING, chain, "arrays outliving their stream")
     assert report["trials"] == 20
     assert report["bad"] == []  # every sum matched its float64 reference
 
 
 @pytest.mark.parametrize("chain", ["pool", "sync_on_free", "tracking"])
-def test_stream_and_arrays_dying_in_one_reference_cycle(chain):
+def test_stream_and_arrays_dying_in_one_reference_cycle(json_child, chain):
     """The cyclic collector runs ``__del__`` in any order; the stream may be destroyed before
     the arrays allocated on it are freed. Before the fix this crashed (SIGSEGV in the driver,
     freeing on a destroyed stream), as CuPy's test_graph.py did under every chain."""
-    report = run_child(CYCLE, chain, "stream and arrays in one cycle")
+    report = run_child(json_child, CYCLE, chain, "stream and arrays in one cycle")
     assert report["trials"] == 50
     assert report["bad"] == []
     if chain == "tracking":

@@ -12,10 +12,6 @@ queued before each reduction keeps it in flight while the other stream fills. Th
 around it must match the float64 reference in every trial. Each case runs in a child process.
 """
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -78,32 +74,25 @@ print(json.dumps({"trials": checked, "bad": bad[:3], "bad_count": len(bad), "haz
 """
 
 
-def run_child(allocator, chain):
-    res = subprocess.run(
-        [sys.executable, "-P", "-c", CHILD, allocator, chain],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
-    report = json.loads(lines[-1]) if lines else None
-    print(f"\nCUB max through {allocator} over {chain}: exit {res.returncode}, {report}")
-    assert res.returncode == 0, f"child exit {res.returncode}\n{res.stdout}\n{res.stderr[-4000:]}"
+def run_child(json_child, allocator, chain):
+    rc, report, out, err = json_child(CHILD, allocator, chain)
+    print(f"\nCUB max through {allocator} over {chain}: exit {rc}, {report}")
+    assert rc == 0, f"child exit {rc}\n{out}\n{err[-4000:]}"
     assert report is not None and report["trials"] == 24
     return report
 
 
 @pytest.mark.parametrize("allocator", ["CupyAllocator", "rmm_cupy_allocator"])
-def test_cub_max_with_its_input_freed_in_flight_matches_float64(allocator):
+def test_cub_max_with_its_input_freed_in_flight_matches_float64(json_child, allocator):
     for chain in ("pool", "tracking"):
-        report = run_child(allocator, chain)
+        report = run_child(json_child, allocator, chain)
         assert report["bad_count"] == 0, report["bad"]
         if chain == "tracking":
             assert report["hazards"] == 0
 
 
 @pytest.mark.parametrize("allocator", ["CupyAllocator", "rmm_cupy_allocator"])
-def test_the_naive_cache_shows_the_overwrite(allocator):
+def test_the_naive_cache_shows_the_overwrite(json_child, allocator):
     """The control: without fences the other stream's fill lands under the reduction."""
-    report = run_child(allocator, "naive_cache")
+    report = run_child(json_child, allocator, "naive_cache")
     assert report["bad_count"] > 0, "the check did not see the overwrite it exists for"
