@@ -594,6 +594,12 @@ def test_steady_state_pair_calls(nbytes, fences):
     assert h.pending_count == 0 and work_done_everywhere(h)
 
 
+def test_run_pairs_lag_needs_fences_complete_next_call():
+    h = HostSyncOnFree("deferred")
+    with pytest.raises(ValueError, match="lag=3 needs fences='complete_next_call'"):
+        h.run_pairs(256, 1, fences="complete_at_record", lag=3)
+
+
 def test_a_fence_shared_by_a_batch_is_recycled_once_after_its_last_block():
     h = HostSyncOnFree("deferred", max_batch_frees=4, max_pending_bytes=150)
     h.recycle_fences = True

@@ -45,7 +45,12 @@ class HostSyncOnFree:
     @property
     def board_counts(self) -> dict[str, int]: ...
     def run_pairs(
-        self, nbytes: int, pairs: int, stream: int = 7, fences: str = "complete_next_call"
+        self,
+        nbytes: int,
+        pairs: int,
+        stream: int = 7,
+        fences: str = "complete_next_call",
+        lag: int = 0,
     ) -> dict[str, int]: ...
     @property
     def calls(self) -> dict[str, int]: ...
