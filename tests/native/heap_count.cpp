@@ -3,8 +3,9 @@
  *
  * The global operator new and delete of the host test module (CPU tests only, never in a wheel):
  * malloc and free, as the C++ runtime's own, plus a count while a `count_heap` scope is open
- * (include/rmm_fences_testing/heap_count.hpp). The module is linked with -Bsymbolic-functions,
- * so its own calls (the cores' containers included) reach these whatever the process loaded.
+ * (include/rmm_fences_testing/heap_count.hpp), which can also make allocations fail. The module is
+ * linked with -Bsymbolic-functions, so its own calls (the cores' containers included) reach these
+ * whatever the process loaded.
  */
 #include <rmm_fences_testing/heap_count.hpp>
 
@@ -16,7 +17,7 @@ namespace {
 
 void* allocate(std::size_t bytes)
 {
-  rmm_fences::testing::note_heap_allocation();
+  if (!rmm_fences::testing::note_heap_allocation()) { throw std::bad_alloc{}; }
   if (bytes == 0) { bytes = 1; }
   for (;;) {
     if (void* p = std::malloc(bytes); p != nullptr) { return p; }
@@ -28,7 +29,7 @@ void* allocate(std::size_t bytes)
 
 void* allocate(std::size_t bytes, std::align_val_t alignment)
 {
-  rmm_fences::testing::note_heap_allocation();
+  if (!rmm_fences::testing::note_heap_allocation()) { throw std::bad_alloc{}; }
   auto const align = static_cast<std::size_t>(alignment);
   auto const size  = ((bytes == 0 ? 1 : bytes) + align - 1) / align * align;
   for (;;) {

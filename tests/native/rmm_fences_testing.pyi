@@ -51,6 +51,7 @@ class HostSyncOnFree:
         stream: int = 7,
         fences: str = "complete_next_call",
         lag: int = 0,
+        fail_heap_every: int = 0,
     ) -> dict[str, int]: ...
     @property
     def calls(self) -> dict[str, int]: ...

@@ -110,6 +110,7 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         uint64_t upstream_deallocate
         uint64_t heap_allocations
         uint64_t heap_frees
+        uint64_t heap_failures
 
     cdef struct thread_run_result:
         uint64_t frees
@@ -131,7 +132,8 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         void free_in_capture_after_next_device_sync(uintptr_t, void*, size_t) except +
         int64_t fence_of(void*) except +
         thread_run_result run_threads(int, int, uint64_t) nogil except +
-        platform_calls run_pairs(uintptr_t, size_t, uint64_t, bool, uint64_t) except +MemoryError
+        platform_calls run_pairs(
+            uintptr_t, size_t, uint64_t, bool, uint64_t, uint64_t) except +MemoryError
         platform_calls calls() except +
         core_type& core()
         fence_board& board()
@@ -296,7 +298,8 @@ cdef class HostSyncOnFree:
         return r  # the struct's fields, by name
 
     def run_pairs(self, size_t nbytes, uint64_t pairs, uintptr_t stream=7,
-                  str fences="complete_next_call", uint64_t lag=0) -> dict:
+                  str fences="complete_next_call", uint64_t lag=0,
+                  uint64_t fail_heap_every=0) -> dict:
         """``pairs`` allocate + deallocate pairs of ``nbytes`` on ``stream`` with no work on it
         (the native alloc/free benchmark's loop); returns the calls they made on the platform
         (``is_capturing``, ``key``, ``stream_id``, ``acquire_fence``, ``record``, ``ready``
@@ -311,6 +314,8 @@ cdef class HostSyncOnFree:
         it pending); ``"complete_at_record"``, complete as soon as it is recorded.
         ``lag`` (with ``"complete_next_call"``): a fence recorded in pair j is complete only
         from pair j + 1 + ``lag`` on (several fences pending at once).
+        ``fail_heap_every``: every n-th heap allocation of the core fails (``heap_failures``
+        counts them); a pair whose allocation fails frees nothing.
         """
         if fences not in ("complete_next_call", "complete_at_record"):
             raise ValueError(
@@ -320,7 +325,7 @@ cdef class HostSyncOnFree:
         if lag > 0 and fences != "complete_next_call":
             raise ValueError(f"lag={lag} needs fences='complete_next_call', got {fences!r}")
         return deref(self.c_obj).run_pairs(
-            stream, nbytes, pairs, fences == "complete_at_record", lag
+            stream, nbytes, pairs, fences == "complete_at_record", lag, fail_heap_every
         )
 
     @property

@@ -8,7 +8,9 @@
  * else the process loaded): they count, on the calling thread, while a `count_heap` scope is
  * open and no `harness_scope` is. The harness's platforms and upstreams open a
  * `harness_scope` in each call the core makes on them, so what is counted is what the core
- * itself (its containers included) allocates and frees.
+ * itself (its containers included) allocates and frees. A scope can also make every n-th
+ * counted allocation fail (`std::bad_alloc`; nullptr from the nothrow forms): the core out of
+ * host memory.
  */
 #pragma once
 
@@ -16,10 +18,11 @@
 
 namespace rmm_fences::testing {
 
-/// Heap allocations and frees (of non-null pointers) counted on one thread.
+/// Heap allocations (attempts) and frees (of non-null pointers) counted on one thread.
 struct heap_counts {
   std::uint64_t allocations{};
   std::uint64_t frees{};
+  std::uint64_t failed{};  ///< allocations made to fail
 };
 
 namespace detail {
@@ -27,17 +30,26 @@ namespace detail {
 inline thread_local bool heap_counting = false;
 /// What was counted on this thread since its last `count_heap` scope opened.
 inline thread_local heap_counts heap_counted{};
+/// Every n-th counted allocation fails (0: none).
+inline thread_local std::uint64_t heap_fail_every = 0;
 }  // namespace detail
 
-/// Counts this thread's heap allocations and frees while it lives (from 0).
+/// Counts this thread's heap allocations and frees while it lives (from 0); with
+/// `fail_every` > 0, every `fail_every`-th counted allocation fails.
 class count_heap {
  public:
-  count_heap() noexcept : was_{detail::heap_counting}
+  explicit count_heap(std::uint64_t fail_every = 0) noexcept
+    : was_{detail::heap_counting}, fail_every_was_{detail::heap_fail_every}
   {
-    detail::heap_counted  = {};
-    detail::heap_counting = true;
+    detail::heap_counted    = {};
+    detail::heap_counting   = true;
+    detail::heap_fail_every = fail_every;
   }
-  ~count_heap() { detail::heap_counting = was_; }
+  ~count_heap()
+  {
+    detail::heap_counting   = was_;
+    detail::heap_fail_every = fail_every_was_;
+  }
   count_heap(count_heap const&)            = delete;
   count_heap& operator=(count_heap const&) = delete;
 
@@ -46,6 +58,7 @@ class count_heap {
 
  private:
   bool was_;
+  std::uint64_t fail_every_was_;
 };
 
 /// Pauses the count while the harness (a platform or upstream call) runs.
@@ -60,10 +73,16 @@ class harness_scope {
   bool was_;
 };
 
-/// Called by the replaced operators.
-inline void note_heap_allocation() noexcept
+/// Called by the replaced operators before an allocation; false: it must fail.
+inline bool note_heap_allocation() noexcept
 {
-  if (detail::heap_counting) { ++detail::heap_counted.allocations; }
+  if (!detail::heap_counting) { return true; }
+  auto const n = ++detail::heap_counted.allocations;
+  if (detail::heap_fail_every > 0 && n % detail::heap_fail_every == 0) {
+    ++detail::heap_counted.failed;
+    return false;
+  }
+  return true;
 }
 
 inline void note_heap_free(void const* ptr) noexcept

@@ -67,6 +67,7 @@ struct platform_calls {
   std::uint64_t upstream_deallocate{};
   std::uint64_t heap_allocations{};  ///< operator new calls of the core (not of this harness)
   std::uint64_t heap_frees{};        ///< operator delete calls of the core, non-null pointers
+  std::uint64_t heap_failures{};     ///< of `heap_allocations`, those made to fail
 };
 
 /**
@@ -789,55 +790,64 @@ class host_sync_on_free {
    * With `lag` 0, each fence recorded before a call is complete when that call begins (the
    * stream has no work); a fence recorded during a call is complete during that call only with
    * `complete_at_record`. With `lag` > 0, a fence recorded in pair j is complete from pair
-   * j + 1 + `lag` on (several fences pending at once: a device that trails the host);
-   * `complete_at_record` must be false then.
+   * j + 1 + `lag` on (several fences pending at once: a device that trails the host), pairs
+   * counted across consecutive calls with a lag on the same stream; `complete_at_record` must
+   * be false then.
+   *
+   * With `fail_heap_every` > 0, every `fail_heap_every`-th heap allocation of the core fails
+   * (the core out of host memory); a pair whose allocation fails frees nothing.
    */
   platform_calls run_pairs(std::uintptr_t stream,
                            std::size_t bytes,
                            std::uint64_t pairs,
                            bool complete_at_record,
-                           std::uint64_t lag = 0)
+                           std::uint64_t lag             = 0,
+                           std::uint64_t fail_heap_every = 0)
   {
     if (lag > 0 && complete_at_record) {
       throw std::invalid_argument("run_pairs: lag > 0 needs complete_at_record false");
     }
-    // enqueued[i]: the stream's work when pair i began (before counting: no harness heap use
-    // in the loop)
-    std::vector<std::uint64_t> enqueued(lag > 0 ? pairs : 0);
+    if (lag == 0 || stream != pairs_stream_) { pair_starts_.clear(); }
+    pairs_stream_ = stream;
+    // sized before the count: the loop makes no harness heap use
+    pair_starts_.reserve(lag > 0 ? pair_starts_.size() + pairs : 0);
     {
       std::lock_guard<std::recursive_mutex> lock(board_->m);
       board_->calls              = {};
       board_->complete_at_record = complete_at_record;
       (void)board_->resolve(stream);
     }
-    // Completes what is due before a call of pair i.
-    auto complete = [&](std::uint64_t i) {
+    // Completes what is due before a call of the last pair begun.
+    auto complete = [&] {
+      harness_scope const harness;
       if (lag == 0) {
         board_->signal_all();
         return;
       }
+      auto const n = pair_starts_.size();
+      if (n <= lag) { return; }
       std::lock_guard<std::recursive_mutex> lock(board_->m);
-      auto& s = board_->state(stream);
-      if (i >= lag) { s.completed = std::max(s.completed, enqueued[i - lag]); }
+      auto& s     = board_->state(stream);
+      s.completed = std::max(s.completed, pair_starts_[n - 1 - lag]);
     };
     heap_counts heap;
     {
-      count_heap const counting;
+      count_heap const counting{fail_heap_every};
       for (std::uint64_t i = 0; i < pairs; ++i) {
         if (lag > 0) {
           harness_scope const harness;
           std::lock_guard<std::recursive_mutex> lock(board_->m);
-          enqueued[i] = board_->state(stream).enqueued;
+          pair_starts_.push_back(board_->state(stream).enqueued);
         }
-        {
-          harness_scope const harness;
-          complete(i);
+        complete();
+        void* ptr = nullptr;
+        try {
+          ptr = core_.allocate(stream, bytes, 256);
+        } catch (std::bad_alloc const&) {
+          if (fail_heap_every == 0) { throw; }
+          continue;
         }
-        void* ptr = core_.allocate(stream, bytes, 256);
-        {
-          harness_scope const harness;
-          complete(i);
-        }
+        complete();
         core_.deallocate(stream, ptr, bytes, 256);
       }
       heap = count_heap::counted();
@@ -846,6 +856,7 @@ class host_sync_on_free {
     board_->complete_at_record     = false;
     board_->calls.heap_allocations = heap.allocations;
     board_->calls.heap_frees       = heap.frees;
+    board_->calls.heap_failures    = heap.failed;
     return board_->calls;
   }
 
@@ -863,6 +874,9 @@ class host_sync_on_free {
  private:
   std::shared_ptr<fence_board> board_;
   core_type core_;
+  std::vector<std::uint64_t> pair_starts_;  ///< `run_pairs` with a lag: the stream's work
+                                            ///< enqueued when each pair began
+  std::uintptr_t pairs_stream_{};           ///< the stream of the last `run_pairs`
 };
 
 }  // namespace rmm_fences::testing
