@@ -394,6 +394,59 @@ cdef class HostSyncOnFree:
         return deref(self.c_obj).core().stats()
 
 
+cdef extern from "rmm_fences_testing/host_ring_deque.hpp" namespace "rmm_fences::testing":
+    cdef cppclass host_ring_deque:
+        void push_back(int64_t) except +MemoryError
+        void pop_front()
+        size_t erase_at(size_t)
+        size_t insert_at(size_t, int64_t) except +MemoryError
+        void shrink(size_t)
+        vector[int64_t] values() except +
+        size_t size()
+        size_t capacity()
+
+
+cdef class HostRingDeque:
+    """The ring deque that holds a stream's queue of the deferred free list, over integers,
+    by position (checked against a list by the tests)."""
+
+    cdef host_ring_deque c_obj
+
+    def push_back(self, int64_t value) -> None:
+        self.c_obj.push_back(value)
+
+    def pop_front(self) -> None:
+        if self.c_obj.size() == 0:
+            raise IndexError("pop_front: the deque is empty")
+        self.c_obj.pop_front()
+
+    def erase(self, size_t index) -> int:
+        """Erases the element at ``index``; returns the position of the one that followed."""
+        if index >= self.c_obj.size():
+            raise IndexError(f"index {index} out of range for size {self.c_obj.size()}")
+        return self.c_obj.erase_at(index)
+
+    def insert(self, size_t index, int64_t value) -> int:
+        """Inserts ``value`` before ``index`` (at most the size); returns its position."""
+        if index > self.c_obj.size():
+            raise IndexError(f"index {index} out of range for size {self.c_obj.size()}")
+        return self.c_obj.insert_at(index, value)
+
+    def shrink(self, size_t kept) -> None:
+        self.c_obj.shrink(kept)
+
+    @property
+    def values(self) -> list:
+        return list(self.c_obj.values())
+
+    @property
+    def capacity(self) -> int:
+        return self.c_obj.capacity()
+
+    def __len__(self) -> int:
+        return self.c_obj.size()
+
+
 cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testing":
     cdef cppclass wait_record "std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>":
         pass
