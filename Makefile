@@ -4,8 +4,8 @@
 #             (install also builds the host test harness, tests/native/rmm_fences_testing*.so,
 #             with -DRMM_FENCES_BUILD_TESTS=ON: it is not installed, the package is as shipped)
 # make lint : ruff (check, format --check), cython-lint, clang-format --dry-run -Werror on the C++
-#             headers, codespell; the tools are pinned in pyproject.toml's lint extra (the same
-#             commands as .pre-commit-config.yaml's hooks, which run offline)
+#             headers and tests/native/*.cpp, codespell; the tools are pinned in pyproject.toml's
+#             lint extra (the same commands as .pre-commit-config.yaml's hooks, which run offline)
 # make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the CUB temp-storage loop
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
@@ -22,7 +22,8 @@ RMM_TESTS      ?= .downstream/rmm-tests
 CUPY_TESTS     ?= .downstream/cupy-tests
 DOWNSTREAM_OUT ?= .downstream/out
 HEADERS := $(shell find rmm_fences/_lib tests/native/include -name '*.hpp')
-SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name CMakeLists.txt)
+CXX_SOURCES := $(shell find tests/native -name '*.cpp')
+SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
 
 .PHONY: test lint demo bench downstream install clean
 
@@ -43,7 +44,7 @@ lint: $(STAMP)  # cython-lint runs pycodestyle, found on PATH
 	$(VENV)/bin/ruff format --check .
 	PATH="$(abspath $(VENV))/bin:$$PATH" cython-lint rmm_fences/_lib/*.pyx rmm_fences/_lib/*.pxd \
 	  tests/native/*.pyx
-	$(VENV)/bin/clang-format --dry-run -Werror $(HEADERS)
+	$(VENV)/bin/clang-format --dry-run -Werror $(HEADERS) $(CXX_SOURCES)
 	$(VENV)/bin/codespell
 
 demo: $(STAMP)  # -P: the source tree must not shadow the installed package

@@ -594,6 +594,61 @@ def test_steady_state_pair_calls(nbytes, fences):
     assert h.pending_count == 0 and work_done_everywhere(h)
 
 
+# Fences pending in the steady state: none between calls (complete at record), the one recorded
+# in a call (complete from the next call), or those of the last `lag` pairs (a device that trails
+# the host: several batches pending at once).
+PAIR_FENCES = {
+    "complete_at_record": {"fences": "complete_at_record"},
+    "complete_next_call": {"fences": "complete_next_call"},
+    "pending_40_pairs": {"fences": "complete_next_call", "lag": 40},
+}
+
+
+@pytest.mark.parametrize("cap_blocks", [None, 8])
+@pytest.mark.parametrize("pending", sorted(PAIR_FENCES))
+@pytest.mark.parametrize("nbytes", [256, 1 << 20, 64 << 20])
+def test_steady_state_pairs_make_no_heap_allocation(nbytes, pending, cap_blocks):
+    # cap_blocks: max_pending_bytes of that many blocks, so that frees wait for the oldest
+    # fences (with fences pending)
+    cap = None if cap_blocks is None else cap_blocks * nbytes
+    h = HostSyncOnFree("deferred", max_pending_bytes=cap)
+    h.recycle_fences = True
+    # warm-up: the stream's queue, its identity, fence slots and the scratch storage of
+    # releases grow to what the steady state needs; counted, which shows the count works
+    warm = h.run_pairs(nbytes, 32 * 16, **PAIR_FENCES[pending])
+    assert warm["heap_allocations"] > 0, warm
+    calls = h.run_pairs(nbytes, 16 * 16, **PAIR_FENCES[pending])
+    heap = {k: calls[k] for k in ("heap_allocations", "heap_frees")}
+    assert heap == {"heap_allocations": 0, "heap_frees": 0}, calls
+    # the pairs did free blocks and record fences (no vacuous run)
+    assert calls["upstream_deallocate"] > 0 and calls["record"] > 0, calls
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
+@pytest.mark.parametrize("fail_every", [1, 2, 3, 7])
+@pytest.mark.parametrize("nbytes", [256, 64 << 20])
+def test_host_allocations_that_fail_lose_no_block(nbytes, fail_every):
+    # every fail_every-th heap allocation of the core fails, from a fresh core (its queue, fence
+    # slots and buffers cannot grow): frees fall back to a fence waited on at once, or stay
+    # listed for a later call; none is lost or released early
+    h = HostSyncOnFree("deferred")
+    h.recycle_fences = True
+    calls = h.run_pairs(nbytes, 8 * 16, lag=5, fail_heap_every=fail_every)
+    assert calls["heap_failures"] > 0, calls
+    assert calls["upstream_deallocate"] > 0, calls
+    assert work_done_everywhere(h)
+    assert h.upstream_used == h.pending_bytes  # no block lost (allocation failures freed none)
+    h.flush()
+    assert h.pending_count == 0 and h.upstream_used == 0 and work_done_everywhere(h)
+
+
+def test_run_pairs_lag_needs_fences_complete_next_call():
+    h = HostSyncOnFree("deferred")
+    with pytest.raises(ValueError, match="lag=3 needs fences='complete_next_call'"):
+        h.run_pairs(256, 1, fences="complete_at_record", lag=3)
+
+
 def test_a_fence_shared_by_a_batch_is_recycled_once_after_its_last_block():
     h = HostSyncOnFree("deferred", max_batch_frees=4, max_pending_bytes=150)
     h.recycle_fences = True

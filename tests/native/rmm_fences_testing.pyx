@@ -108,6 +108,9 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         uint64_t sync_device
         uint64_t upstream_allocate
         uint64_t upstream_deallocate
+        uint64_t heap_allocations
+        uint64_t heap_frees
+        uint64_t heap_failures
 
     cdef struct thread_run_result:
         uint64_t frees
@@ -129,7 +132,8 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         void free_in_capture_after_next_device_sync(uintptr_t, void*, size_t) except +
         int64_t fence_of(void*) except +
         thread_run_result run_threads(int, int, uint64_t) nogil except +
-        platform_calls run_pairs(uintptr_t, size_t, uint64_t, bool) except +MemoryError
+        platform_calls run_pairs(
+            uintptr_t, size_t, uint64_t, bool, uint64_t, uint64_t) except +MemoryError
         platform_calls calls() except +
         core_type& core()
         fence_board& board()
@@ -294,24 +298,35 @@ cdef class HostSyncOnFree:
         return r  # the struct's fields, by name
 
     def run_pairs(self, size_t nbytes, uint64_t pairs, uintptr_t stream=7,
-                  str fences="complete_next_call") -> dict:
+                  str fences="complete_next_call", uint64_t lag=0,
+                  uint64_t fail_heap_every=0) -> dict:
         """``pairs`` allocate + deallocate pairs of ``nbytes`` on ``stream`` with no work on it
         (the native alloc/free benchmark's loop); returns the calls they made on the platform
         (``is_capturing``, ``key``, ``stream_id``, ``acquire_fence``, ``record``, ``ready``
         (fence queries) and ``ready_complete`` (those that found the fence complete),
         ``release_fence``, ``host_wait``, ``sync_stream``, ``sync_device``) and the upstream
-        (``upstream_allocate``, ``upstream_deallocate``). The counts start again from 0.
+        (``upstream_allocate``, ``upstream_deallocate``), and the heap allocations and frees
+        the core made itself (``heap_allocations``, ``heap_frees``: operator new and delete,
+        not counting the harness's platform and upstream). The counts start again from 0.
 
         ``fences``: ``"complete_next_call"``, a fence is complete from the next call on (a
         device processes a record asynchronously: a query in the call that recorded it finds
         it pending); ``"complete_at_record"``, complete as soon as it is recorded.
+        ``lag`` (with ``"complete_next_call"``): a fence recorded in pair j is complete only
+        from pair j + 1 + ``lag`` on (several fences pending at once).
+        ``fail_heap_every``: every n-th heap allocation of the core fails (``heap_failures``
+        counts them); a pair whose allocation fails frees nothing.
         """
         if fences not in ("complete_next_call", "complete_at_record"):
             raise ValueError(
                 "fences must be 'complete_next_call' or 'complete_at_record', "
                 f"got {fences!r}"
             )
-        return deref(self.c_obj).run_pairs(stream, nbytes, pairs, fences == "complete_at_record")
+        if lag > 0 and fences != "complete_next_call":
+            raise ValueError(f"lag={lag} needs fences='complete_next_call', got {fences!r}")
+        return deref(self.c_obj).run_pairs(
+            stream, nbytes, pairs, fences == "complete_at_record", lag, fail_heap_every
+        )
 
     @property
     def calls(self) -> dict:
@@ -377,6 +392,59 @@ cdef class HostSyncOnFree:
     @property
     def stats(self) -> dict:
         return deref(self.c_obj).core().stats()
+
+
+cdef extern from "rmm_fences_testing/host_ring_deque.hpp" namespace "rmm_fences::testing":
+    cdef cppclass host_ring_deque:
+        void push_back(int64_t) except +MemoryError
+        void pop_front()
+        size_t erase_at(size_t)
+        size_t insert_at(size_t, int64_t) except +MemoryError
+        void shrink(size_t)
+        vector[int64_t] values() except +
+        size_t size()
+        size_t capacity()
+
+
+cdef class HostRingDeque:
+    """The ring deque that holds a stream's queue of the deferred free list, over integers,
+    by position (checked against a list by the tests)."""
+
+    cdef host_ring_deque c_obj
+
+    def push_back(self, int64_t value) -> None:
+        self.c_obj.push_back(value)
+
+    def pop_front(self) -> None:
+        if self.c_obj.size() == 0:
+            raise IndexError("pop_front: the deque is empty")
+        self.c_obj.pop_front()
+
+    def erase(self, size_t index) -> int:
+        """Erases the element at ``index``; returns the position of the one that followed."""
+        if index >= self.c_obj.size():
+            raise IndexError(f"index {index} out of range for size {self.c_obj.size()}")
+        return self.c_obj.erase_at(index)
+
+    def insert(self, size_t index, int64_t value) -> int:
+        """Inserts ``value`` before ``index`` (at most the size); returns its position."""
+        if index > self.c_obj.size():
+            raise IndexError(f"index {index} out of range for size {self.c_obj.size()}")
+        return self.c_obj.insert_at(index, value)
+
+    def shrink(self, size_t kept) -> None:
+        self.c_obj.shrink(kept)
+
+    @property
+    def values(self) -> list:
+        return list(self.c_obj.values())
+
+    @property
+    def capacity(self) -> int:
+        return self.c_obj.capacity()
+
+    def __len__(self) -> int:
+        return self.c_obj.size()
 
 
 cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testing":

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <rmm_fences/detail/sync_on_free_core.hpp>
+#include <rmm_fences_testing/heap_count.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -48,7 +49,8 @@ inline constexpr std::uintptr_t per_thread_handle = 2;
 inline thread_local int host_thread = 0;
 
 /// The calls the core made on its platform and its upstream (attempts, whatever their
-/// outcome): the call-count profile of `host_sync_on_free::run_pairs`.
+/// outcome): the call-count profile of `host_sync_on_free::run_pairs`, with the heap
+/// allocations and frees the core made itself (counted by `run_pairs` only).
 struct platform_calls {
   std::uint64_t is_capturing{};
   std::uint64_t key{};
@@ -63,6 +65,9 @@ struct platform_calls {
   std::uint64_t sync_device{};
   std::uint64_t upstream_allocate{};
   std::uint64_t upstream_deallocate{};
+  std::uint64_t heap_allocations{};  ///< operator new calls of the core (not of this harness)
+  std::uint64_t heap_frees{};        ///< operator delete calls of the core, non-null pointers
+  std::uint64_t heap_failures{};     ///< of `heap_allocations`, those made to fail
 };
 
 /**
@@ -253,6 +258,7 @@ class host_platform {
   /// True only when `f` is known complete; a failed query (injected) is not.
   [[nodiscard]] bool ready(fence_type f) const
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     ++board_->calls.ready;
     note_use(f);
@@ -264,6 +270,7 @@ class host_platform {
 
   bool host_wait(fence_type f)
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     ++board_->calls.host_wait;
     note_use(f);
@@ -276,6 +283,7 @@ class host_platform {
 
   fence_type acquire_fence()
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     ++board_->calls.acquire_fence;
     if (board_->recycle_fences && !board_->free_fences.empty()) {
@@ -290,6 +298,7 @@ class host_platform {
 
   void release_fence(fence_type f) noexcept
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     ++board_->calls.release_fence;
     note_use(f);
@@ -299,6 +308,7 @@ class host_platform {
 
   bool record(fence_type f, stream_type stream) noexcept
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     ++board_->calls.record;
     // Records run in relaxed capture mode: another thread's global capture does not fail them.
@@ -319,6 +329,7 @@ class host_platform {
 
   bool is_capturing(stream_type stream) noexcept
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     ++board_->calls.is_capturing;
     return board_->is_capturing(stream);
@@ -326,6 +337,7 @@ class host_platform {
 
   bool sync_device() noexcept
   {
+    harness_scope const harness;  // not the core's heap use
     std::function<void()> after;
     {
       std::lock_guard<std::recursive_mutex> lock(board_->m);
@@ -346,6 +358,7 @@ class host_platform {
 
   bool sync_stream(stream_type stream) noexcept
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     ++board_->calls.sync_stream;
     if (board_->fails(board_->fail_sync_stream)) { return false; }
@@ -361,6 +374,7 @@ class host_platform {
   /// The handle, except the per-thread default stream, qualified by the calling thread.
   std::uintptr_t key(stream_type stream) noexcept
   {
+    harness_scope const harness;  // not the core's heap use
     {
       std::lock_guard<std::recursive_mutex> lock(board_->m);
       ++board_->calls.key;
@@ -373,6 +387,7 @@ class host_platform {
 
   std::uint64_t stream_id(stream_type stream) noexcept
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::recursive_mutex> lock(board_->m);
     ++board_->calls.stream_id;
     ++board_->identity_queries;
@@ -415,6 +430,7 @@ class host_upstream {
 
   void* allocate(std::uintptr_t, std::size_t bytes, std::size_t alignment)
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::mutex> lock(*mutex_);
     count_call(&platform_calls::upstream_allocate);
     if (used_ + bytes > limit_) { throw host_out_of_memory{}; }
@@ -428,6 +444,7 @@ class host_upstream {
 
   void deallocate(std::uintptr_t stream, void* ptr, std::size_t bytes, std::size_t) noexcept
   {
+    harness_scope const harness;  // not the core's heap use
     std::lock_guard<std::mutex> lock(*mutex_);
     count_call(&platform_calls::upstream_deallocate);
     auto const p   = reinterpret_cast<std::uintptr_t>(ptr);
@@ -767,30 +784,79 @@ class host_sync_on_free {
   /**
    * @brief `pairs` allocate + deallocate pairs of `bytes` on `stream` with no device work (as
    * the native alloc/free benchmark runs them); returns the platform and upstream calls they
-   * made (the counts start again from 0).
+   * made, and the heap allocations and frees the core made in them (the counts start again
+   * from 0).
    *
-   * Each fence recorded before a call is complete when that call begins (the stream has no
-   * work); a fence recorded during a call is complete during that call only with
-   * `complete_at_record`.
+   * With `lag` 0, each fence recorded before a call is complete when that call begins (the
+   * stream has no work); a fence recorded during a call is complete during that call only with
+   * `complete_at_record`. With `lag` > 0, a fence recorded in pair j is complete from pair
+   * j + 1 + `lag` on (several fences pending at once: a device that trails the host), pairs
+   * counted across consecutive calls with a lag on the same stream; `complete_at_record` must
+   * be false then.
+   *
+   * With `fail_heap_every` > 0, every `fail_heap_every`-th heap allocation of the core fails
+   * (the core out of host memory); a pair whose allocation fails frees nothing.
    */
   platform_calls run_pairs(std::uintptr_t stream,
                            std::size_t bytes,
                            std::uint64_t pairs,
-                           bool complete_at_record)
+                           bool complete_at_record,
+                           std::uint64_t lag             = 0,
+                           std::uint64_t fail_heap_every = 0)
   {
+    if (lag > 0 && complete_at_record) {
+      throw std::invalid_argument("run_pairs: lag > 0 needs complete_at_record false");
+    }
+    if (lag == 0 || stream != pairs_stream_) { pair_starts_.clear(); }
+    pairs_stream_ = stream;
+    // sized before the count: the loop makes no harness heap use
+    pair_starts_.reserve(lag > 0 ? pair_starts_.size() + pairs : 0);
     {
       std::lock_guard<std::recursive_mutex> lock(board_->m);
       board_->calls              = {};
       board_->complete_at_record = complete_at_record;
+      (void)board_->resolve(stream);
     }
-    for (std::uint64_t i = 0; i < pairs; ++i) {
-      board_->signal_all();
-      void* ptr = core_.allocate(stream, bytes, 256);
-      board_->signal_all();
-      core_.deallocate(stream, ptr, bytes, 256);
+    // Completes what is due before a call of the last pair begun.
+    auto complete = [&] {
+      harness_scope const harness;
+      if (lag == 0) {
+        board_->signal_all();
+        return;
+      }
+      auto const n = pair_starts_.size();
+      if (n <= lag) { return; }
+      std::lock_guard<std::recursive_mutex> lock(board_->m);
+      auto& s     = board_->state(stream);
+      s.completed = std::max(s.completed, pair_starts_[n - 1 - lag]);
+    };
+    heap_counts heap;
+    {
+      count_heap const counting{fail_heap_every};
+      for (std::uint64_t i = 0; i < pairs; ++i) {
+        if (lag > 0) {
+          harness_scope const harness;
+          std::lock_guard<std::recursive_mutex> lock(board_->m);
+          pair_starts_.push_back(board_->state(stream).enqueued);
+        }
+        complete();
+        void* ptr = nullptr;
+        try {
+          ptr = core_.allocate(stream, bytes, 256);
+        } catch (std::bad_alloc const&) {
+          if (fail_heap_every == 0) { throw; }
+          continue;
+        }
+        complete();
+        core_.deallocate(stream, ptr, bytes, 256);
+      }
+      heap = count_heap::counted();
     }
     std::lock_guard<std::recursive_mutex> lock(board_->m);
-    board_->complete_at_record = false;
+    board_->complete_at_record     = false;
+    board_->calls.heap_allocations = heap.allocations;
+    board_->calls.heap_frees       = heap.frees;
+    board_->calls.heap_failures    = heap.failed;
     return board_->calls;
   }
 
@@ -808,6 +874,9 @@ class host_sync_on_free {
  private:
   std::shared_ptr<fence_board> board_;
   core_type core_;
+  std::vector<std::uint64_t> pair_starts_;  ///< `run_pairs` with a lag: the stream's work
+                                            ///< enqueued when each pair began
+  std::uintptr_t pairs_stream_{};           ///< the stream of the last `run_pairs`
 };
 
 }  // namespace rmm_fences::testing

@@ -6,10 +6,10 @@
 #pragma once
 
 #include <rmm_fences/detail/inline_vector.hpp>
+#include <rmm_fences/detail/ring_deque.hpp>
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -69,7 +69,9 @@ struct deferred_block {
  *
  * Streams are few, so queues live in a small vector searched linearly; an emptied queue is
  * kept (its storage is reused by the next free on that stream) until more than
- * `max_idle_queues` are empty.
+ * `max_idle_queues` are empty. A queue is a ring (`ring_deque`) that keeps its storage: a
+ * steady state of frees and releases on a stream allocates nothing. A queue's storage above
+ * `kept_entries` entries is given back once a quarter of it or less is used.
  */
 template <typename FenceOps>
 class deferred_free_list {
@@ -96,10 +98,20 @@ class deferred_free_list {
     bool parked{};                ///< unfenced: parked rather than batched
   };
 
-  /// Scratch space for entries taken out of the list (no heap use for a few entries).
-  using entry_buffer = inline_vector<entry, 4>;
+  /// Heap storage of `entry_buffer`s kept for the next ones (their owner holds one).
+  using entry_spill_cache = spill_cache<entry, 8>;
+
+  /// Scratch space for entries taken out of the list: a few entries inline, more in storage of
+  /// an `entry_spill_cache` (no heap use in a steady state).
+  using entry_buffer = inline_vector<entry, 4, entry_spill_cache>;
 
   static constexpr std::size_t max_idle_queues = 16;
+
+  /// `kept_entries`: the storage a stream's queue keeps for reuse however few entries it
+  /// holds (its owner passes what its batches need).
+  explicit deferred_free_list(std::size_t kept_entries = 256) noexcept : kept_entries_{kept_entries}
+  {
+  }
 
   /// The batch of a stream: its batched entries.
   struct batch_size {
@@ -425,7 +437,7 @@ class deferred_free_list {
 
  private:
   struct queue {
-    std::deque<entry> entries;
+    ring_deque<entry> entries;
     std::size_t fenced{};         ///< entries with a fence
     std::size_t batched{};        ///< entries waiting for their batch's fence
     std::size_t batched_bytes{};  ///< their bytes
@@ -543,7 +555,8 @@ class deferred_free_list {
   std::uint32_t new_slot(fence_type fence)
   {
     if (free_slots_.empty()) {
-      free_slots_.reserve(slots_.size() + 1);  // so that free_slot never allocates
+      // so that free_slot never allocates (doubling, as slots_ grows)
+      if (free_slots_.capacity() <= slots_.size()) { free_slots_.reserve(2 * slots_.size() + 1); }
       slots_.push_back(fence_slot{fence, 0});
       return static_cast<std::uint32_t>(slots_.size() - 1);
     }
@@ -588,10 +601,10 @@ class deferred_free_list {
   }
 
   /// The queue holding the oldest fenced entry and that entry, or {nullptr, {}}.
-  std::pair<queue*, typename std::deque<entry>::iterator> oldest_fenced()
+  std::pair<queue*, typename ring_deque<entry>::iterator> oldest_fenced()
   {
     queue* best = nullptr;
-    typename std::deque<entry>::iterator best_it{};
+    typename ring_deque<entry>::iterator best_it{};
     for (auto& [key, q] : queues_) {
       if (q.fenced == 0) { continue; }
       for (auto it = q.entries.begin(); it != q.entries.end(); ++it) {
@@ -606,11 +619,13 @@ class deferred_free_list {
     return {best, best_it};
   }
 
-  /// Drops empty queues once too many are idle (streams come and go).
+  /// Gives back the storage of queues that shrank below a quarter of it (above
+  /// `kept_entries_`); drops empty queues once too many are idle (streams come and go).
   void prune()
   {
     std::size_t idle = 0;
-    for (auto const& [key, q] : queues_) {
+    for (auto& [key, q] : queues_) {
+      q.entries.shrink(kept_entries_);
       idle += q.entries.empty();
     }
     if (idle <= max_idle_queues) { return; }
@@ -621,6 +636,7 @@ class deferred_free_list {
     queues_.swap(kept);
   }
 
+  std::size_t kept_entries_;
   std::vector<std::pair<stream_key, queue>> queues_;
   std::vector<fence_slot> slots_;
   std::vector<std::uint32_t> free_slots_;  // capacity >= slots_.size(): pushing never throws

@@ -114,7 +114,9 @@ class sync_on_free_core {
       mode_{mode},
       max_pending_bytes_{max_pending_bytes},
       batch_{validated(batch)},
-      poll_every_{mode == rmm_fences::mr::sync_mode::deferred ? batch_.max_frees : 1}
+      poll_every_{mode == rmm_fences::mr::sync_mode::deferred ? batch_.max_frees : 1},
+      list_{kept_entries(batch_)},
+      spill_{kept_entries(batch_)}
   {
   }
 
@@ -194,9 +196,9 @@ class sync_on_free_core {
   std::size_t drain(bool include_parked, stream_type stream)
   {
     if (!platform_.is_capturing(stream)) { fence_stream(stream); }
-    buffer taken;
-    buffer done;
-    buffer failed;
+    buffer taken{&spill_};
+    buffer done{&spill_};
+    buffer failed{&spill_};
     {
       std::lock_guard<std::mutex> lock(mutex_);
       list_.take_all_fenced(taken);
@@ -297,6 +299,17 @@ class sync_on_free_core {
     park,         ///< park the batch: a device synchronization releases it
     sync_stream,  ///< synchronize the stream and free the batch; if that fails, park it
   };
+
+  /**
+   * @brief The host storage of entries kept for reuse, per stream queue and per scratch buffer:
+   * what a few batches hold (4 * `max_frees`), at least 256 entries and at most 65536.
+   */
+  static std::size_t kept_entries(batch_limits const& batch) noexcept
+  {
+    constexpr std::size_t least = 256;
+    constexpr std::size_t most  = std::size_t{1} << 16;
+    return std::clamp(std::min(batch.max_frees, most) * 4, least, most);
+  }
 
   static batch_limits validated(batch_limits batch)
   {
@@ -431,7 +444,7 @@ class sync_on_free_core {
     bool record          = false;
     bool verify          = false;
     bool over_cap        = false;
-    buffer ready;
+    buffer ready{&spill_};
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       auto const* known  = known_id(key);
@@ -461,7 +474,7 @@ class sync_on_free_core {
       return;
     }
     if (record) {
-      buffer oldest;
+      buffer oldest{&spill_};
       fence_listed(stream, key, own, before, verify, rule, ready, &oldest, &ready);
       settle_oldest(oldest);
       release(oldest, stream);
@@ -548,7 +561,7 @@ class sync_on_free_core {
     } catch (...) {
       return;
     }
-    buffer none;
+    buffer none{&spill_};
     fence_listed(
       stream, key, no_entry, before, /*verify=*/true, no_fence_rule::keep, none, nullptr, nullptr);
   }
@@ -594,12 +607,12 @@ class sync_on_free_core {
   void settle_oldest(buffer& oldest) noexcept
   {
     if (oldest.empty()) { return; }
-    buffer taken;
+    buffer taken{&spill_};
     for (auto& e : oldest) {
       taken.push_back(e);
     }
     oldest.clear();
-    buffer failed;
+    buffer failed{&spill_};
     auto const waits = wait_all(platform_, taken, oldest, failed);
     count_syncs(waits.succeeded);
     count_failures(waits.failed);
@@ -686,7 +699,7 @@ class sync_on_free_core {
     auto const key       = platform_.key(stream);
     bool arm             = false;
     std::uint64_t before = 0;
-    buffer ready;
+    buffer ready{&spill_};
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       arm    = list_.has_armable(key);
@@ -697,7 +710,7 @@ class sync_on_free_core {
       // No host memory for the released entries: they stay listed for a later call.
     }
     if (arm) {
-      buffer none;
+      buffer none{&spill_};
       fence_listed(stream,
                    key,
                    no_entry,
@@ -743,13 +756,14 @@ class sync_on_free_core {
   std::size_t poll_every_;  // calls per fence test (while something is listed)
 
   mutable std::mutex mutex_;
-  list_type list_;                            // guarded by mutex_
-  std::uint64_t parked_{};                    // guarded by mutex_
-  std::uint64_t deferred_{};                  // guarded by mutex_
-  std::uint64_t peak_pending_bytes_{};        // guarded by mutex_
-  pointer_map<std::uint64_t> ids_{64};        // guarded by mutex_: stream key + 1 -> identity
-  std::atomic<std::size_t> pollable_hint_{};  // fenced + armable entries, read without the lock
-  std::atomic<std::uint64_t> calls_{};        // calls that found something to test
+  list_type list_;                               // guarded by mutex_
+  typename list_type::entry_spill_cache spill_;  // storage of the buffers (its own lock)
+  std::uint64_t parked_{};                       // guarded by mutex_
+  std::uint64_t deferred_{};                     // guarded by mutex_
+  std::uint64_t peak_pending_bytes_{};           // guarded by mutex_
+  pointer_map<std::uint64_t> ids_{64};           // guarded by mutex_: stream key + 1 -> identity
+  std::atomic<std::size_t> pollable_hint_{};     // fenced + armable entries, read without the lock
+  std::atomic<std::uint64_t> calls_{};           // calls that found something to test
   std::atomic<std::uint64_t> syncs_{};
   std::atomic<std::uint64_t> released_{};
   std::atomic<std::uint64_t> oom_retries_{};
