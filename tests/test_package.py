@@ -100,12 +100,46 @@ def test_benchmark_randomness_is_named_random_state():
             fn(*args, seed=7)
 
 
-@pytest.mark.parametrize("bad", [None, "cuda", 3, object()])
-def test_upstream_must_be_a_resource(bad):
-    with pytest.raises(TypeError, match="upstream_mr must be an rmm.mr.DeviceMemoryResource"):
-        SyncOnFreeResourceAdaptor(bad)
-    with pytest.raises(TypeError, match="upstream_mr"):
-        NaiveCachingMemoryResource(bad)
+ADAPTORS = [
+    SyncOnFreeResourceAdaptor,
+    NaiveCachingMemoryResource,
+    StreamOrderedPoolMemoryResource,
+    HazardTrackingResourceAdaptor,
+]
+
+
+@pytest.mark.parametrize("cls", ADAPTORS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "bad, got",
+    [
+        (None, "NoneType"),
+        ("cuda", "str"),
+        (3, "int"),
+        (object(), "object"),
+        (rmm.mr.CudaMemoryResource, "type"),  # the class, not an instance
+    ],
+)
+@pytest.mark.parametrize("keyword", [False, True], ids=["positional", "keyword"])
+def test_upstream_must_be_a_resource(cls, bad, got, keyword):
+    with pytest.raises(TypeError) as info:
+        cls(upstream_mr=bad) if keyword else cls(bad)
+    assert str(info.value) == (
+        "upstream_mr must be an rmm.mr.DeviceMemoryResource "
+        f"(e.g. rmm.mr.CudaMemoryResource()), got {got}"
+    )
+
+
+def test_rmm_refuses_a_none_upstream_with_a_bare_exception():
+    """Why each adaptor is a Python class over a private cdef class (memory_resource.pyx): rmm's
+    ``UpstreamResourceAdaptor.__cinit__`` runs before a subclass's and refuses None with a bare
+    ``Exception``, and a cdef class cannot have a ``__new__`` that checks first. Once this
+    fails (rmm raises TypeError for None), the adaptors can be single cdef classes, as rmm's
+    are, and let Cython's typed-argument TypeError speak."""
+    with pytest.raises(Exception, match="Argument `upstream_mr` must not be None") as info:
+        rmm.mr.StatisticsResourceAdaptor(None)
+    assert type(info.value) is Exception
+    with pytest.raises(TypeError, match="Argument 'upstream_mr' has incorrect type"):
+        rmm.mr.StatisticsResourceAdaptor(3)
 
 
 @pytest.mark.parametrize("mode", ["Deferred", "async", "", None, 2])
@@ -183,12 +217,6 @@ def test_alloc_free_ns_validates_before_any_cuda_call():
         alloc_free_ns(rmm.mr.CudaMemoryResource(), "much")
     with pytest.raises(ValueError, match="iterations must be positive"):
         alloc_free_ns(rmm.mr.CudaMemoryResource(), 1024, 0)
-
-
-@pytest.mark.parametrize("bad", [None, "cuda", 3])
-def test_pool_upstream_must_be_a_resource(bad):
-    with pytest.raises(TypeError, match="upstream_mr must be an rmm.mr.DeviceMemoryResource"):
-        StreamOrderedPoolMemoryResource(bad)
 
 
 @pytest.mark.parametrize(

@@ -70,12 +70,6 @@ def test_arguments_after_the_upstream_are_keyword_only():
         HazardTrackingResourceAdaptor(cuda(), True)
 
 
-@pytest.mark.parametrize("bad", [None, "cuda", 3])
-def test_upstream_must_be_a_resource(bad):
-    with pytest.raises(TypeError, match="upstream_mr must be an rmm.mr.DeviceMemoryResource"):
-        HazardTrackingResourceAdaptor(bad)
-
-
 def test_record_stream_of_an_unknown_pointer_names_the_argument():
     t = HazardTrackingResourceAdaptor(cuda())
     with pytest.raises(ValueError, match="buffer_or_ptr .* is not the start of a live"):
