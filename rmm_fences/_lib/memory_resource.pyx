@@ -5,8 +5,11 @@
 The C++ classes are declared in memory_resource.pxd; this module holds only the Python-facing
 classes. Each resource is one ``cdef class`` over its public C++ class. The adaptors of an
 upstream also get a Python class of the public name whose ``__new__`` checks ``upstream_mr``:
-rmm's ``UpstreamResourceAdaptor.__cinit__`` runs before any subclass's ``__cinit__`` and would
-refuse a bad upstream with its own error (a bare ``Exception`` for None).
+rmm's ``UpstreamResourceAdaptor.__cinit__`` runs before any subclass's ``__cinit__`` and refuses
+None with a bare ``Exception("Argument `upstream_mr` must not be None")`` (other types get
+Cython's TypeError), and Cython allows no ``__new__`` on a cdef class, so the check that makes
+every bad upstream a TypeError cannot live in the cdef class
+(tests/test_package.py::test_rmm_refuses_a_none_upstream_with_a_bare_exception).
 """
 
 import atexit
