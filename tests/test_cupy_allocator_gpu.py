@@ -21,9 +21,14 @@ if chain == "pool":
     mr = pool
 elif chain == "sync_on_free":
     mr = rmm_fences.SyncOnFreeResourceAdaptor(pool, mode="deferred")
-else:
+elif chain == "tracking":
     mr = rmm_fences.HazardTrackingResourceAdaptor(pool, on_hazard="record")
-cupy.cuda.set_allocator(CupyAllocator(mr))
+if chain == "rmm_cupy_allocator":  # rmm's own allocator over rmm's own CudaAsync (the control)
+    from rmm.allocators.cupy import rmm_cupy_allocator
+    rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource())
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+else:
+    cupy.cuda.set_allocator(CupyAllocator(mr))
 bad = []
 """
 
@@ -108,3 +113,13 @@ def test_stream_and_arrays_dying_in_one_reference_cycle(json_child, chain):
     assert report["bad"] == []
     if chain == "tracking":
         assert report["hazards"] == 0
+
+
+def test_rmm_cupy_allocator_frees_on_the_destroyed_stream(json_child):
+    """The control of the cycle test: rmm's ``rmm_cupy_allocator`` over rmm's CudaAsync (no
+    rmm_fences in the process's allocations) frees an array on a stream the collector destroyed
+    first, and the child crashes, as it did under every chain in CuPy's test_graph.py. When rmm
+    fixes it this test fails: then docs/compatibility.md's advice against it can go."""
+    rc, report, out, err = json_child(SETUP + CYCLE + REPORT, "rmm_cupy_allocator")
+    print(f"\nrmm_cupy_allocator over cuda_async, stream and arrays in one cycle: exit {rc}")
+    assert rc != 0 and report is None, f"rmm's allocator survived the cycle: {report}"
