@@ -21,8 +21,9 @@ timeout, no junit report). ``--report-only OUT`` rebuilds the summaries from an 
 folder (after an interrupted run: the files not finished are listed as such).
 
 Processes sharing one GPU can take the memory another needs: a file whose failures (or crash)
-name an out-of-memory error runs again at the end, alone on the device, and that run is its
-result (the first is kept as ``BASE.first.*``; ``--no-retry-alone`` turns this off).
+name an out-of-memory error, or that the host killed (SIGKILL), runs again alone on the device
+once its phase (the parallel files, then the serial marks) is over, and that run is its result
+(the first is kept as ``BASE.first.*``; ``--no-retry-alone`` turns this off).
 
 A device call has a time limit: ``--deadline SECONDS`` starts no file after that and stops the
 ones still running (they stay unfinished), and a later call with ``--resume`` on the same OUT
@@ -96,6 +97,7 @@ RANK = {o: i for i, o in enumerate(("skipped", "xfailed", "passed", "xpassed", "
 INI_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 MSG = 500  # characters kept of a failure message
 NOT_RUN = "not run (the process stopped before it, or did not collect it)"
+RUN_FILES = (".xml", ".log", ".state", ".meta.json")  # what one process leaves: BASE + each
 # A failure with one of these in its message (or a crash with one in its log's end) may be the
 # device memory the other --jobs processes held: the file is run again, alone, after the rest.
 SHORT_OF_MEMORY = re.compile(
@@ -327,7 +329,7 @@ def run_job(job, suites, out, args):
     if left is not None and left < 1:
         return None  # past the deadline: not started, left for --resume
     base.parent.mkdir(parents=True, exist_ok=True)
-    for ext in (".xml", ".log", ".state", ".meta.json"):
+    for ext in RUN_FILES:
         Path(f"{base}{ext}").unlink(missing_ok=True)
     cmd = [
         sys.executable,
@@ -425,15 +427,15 @@ def short_of_memory(out, job):
 def run_alone(job, suites, out, args):
     """Runs a file again (alone: the caller runs one at a time), its first run kept as
     BASE.first.*; put back when the deadline leaves no time to start."""
-    base, exts = out / job["base"], (".xml", ".log", ".state", ".meta.json")
+    base = out / job["base"]
     if (left := _left(args)) is not None and left < 1:
         return None
-    for ext in exts:
+    for ext in RUN_FILES:
         if Path(f"{base}{ext}").is_file():
             Path(f"{base}{ext}").replace(f"{base}.first{ext}")
     meta = run_job({**job, "retried_alone": True}, suites, out, args)
     if meta is None:  # not run to its end: the first run stands
-        for ext in exts:
+        for ext in RUN_FILES:
             if Path(f"{base}.first{ext}").is_file():
                 Path(f"{base}.first{ext}").replace(f"{base}{ext}")
     return meta
@@ -776,15 +778,16 @@ def report(out):
     alone = {}  # (suite, chain) -> [file run again alone after an out-of-memory error]
     for job in run["jobs"]:
         key = (job["suite"], job["chain"])
+        part = job.get("part", job["file"])  # run.json of an older harness: no parts
         envs.setdefault(key, job["env"])
         try:
             meta = json.loads(Path(f"{out / job['base']}.meta.json").read_text())
         except (OSError, json.JSONDecodeError):
-            pending.setdefault(key, []).append(job.get("part", job["file"]))
+            pending.setdefault(key, []).append(part)
             continue
-        done.setdefault(key, {})[job.get("part", job["file"])] = evaluate(out, meta)
+        done.setdefault(key, {})[part] = evaluate(out, meta)
         if meta.get("retried_alone"):
-            alone.setdefault(key, []).append(job.get("part", job["file"]))
+            alone.setdefault(key, []).append(part)
     results, failing = {}, False
     for suite, chain in envs:
         entry = compare(chain, done.get((suite, "baseline"), {}), done.get((suite, chain), {}))
