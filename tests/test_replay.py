@@ -366,6 +366,161 @@ def test_trace_peak_live_bytes_counts_a_free_as_its_allocation():
         )
 
 
+def recorded_order(trace, streams):
+    """The trace's events as the engine calls its resource, in recorded order: ``(kind, size,
+    stream, id)``, a free of its allocation's size."""
+    size_of = {}
+    out = []
+    for action, ident, size, stream in zip(trace.action, trace.id, trace.size, trace.stream):
+        ident = int(ident)
+        if action == 0:
+            size_of[ident] = int(size)
+        kind = "free" if action else "allocate"
+        out.append((kind, size_of[ident], streams[int(stream)], ident))
+    return out
+
+
+def check_recorded_order(trace, run, streams, repeat=1):
+    """The resource's calls, repetition by repetition: the trace's events in recorded order (a
+    free with its allocation's pointer), then the frees of what the log leaves live. Returns each
+    repetition's peak of live bytes as the resource saw it."""
+    expected = recorded_order(trace, streams)
+    leftovers = trace.allocations - trace.frees
+    calls = run["calls"]
+    assert len(calls) == repeat * (len(expected) + leftovers)
+    peaks = []
+    for rep in range(repeat):
+        block = calls[rep * (len(expected) + leftovers) :][: len(expected) + leftovers]
+        ptr_of, live, peak = {}, 0, 0
+        for (_, kind, ptr, size, stream), (kind0, size0, stream0, ident) in zip(block, expected):
+            assert (kind, size, stream) == (kind0, size0, stream0)
+            if kind == "allocate":
+                ptr_of[ident] = ptr
+                live += size
+                peak = max(peak, live)
+            else:
+                assert ptr == ptr_of.pop(ident)  # the block its allocation made
+                live -= size
+        assert sorted(c[2] for c in block[len(expected) :]) == sorted(ptr_of.values())
+        assert all(c[1] == "free" for c in block[len(expected) :])
+        peaks.append(peak)
+    return peaks
+
+
+def test_ordered_replay_calls_the_resource_in_recorded_order():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = synthetic(threads=4, per_thread=300, seed=7)
+    streams = [0, 0x5000]
+    # an allocation of thread 0 sleeps first: free-running, the other threads would run ahead
+    slow = int(t.size[(t.thread == 0) & (t.action == 0)][5])
+    run = rmm_fences_testing.host_replay(
+        t, streams=streams, repeat=3, slow_size=slow, slow_us=2000, ordered=True
+    )
+    peaks = check_recorded_order(t, run, streams, repeat=3)
+    assert peaks == [t.peak_live_bytes] * 3  # every repetition, as the resource saw it
+    assert run["peak_live_bytes"] == run["trace_peak_live_bytes"] == t.peak_live_bytes
+    assert run["allocations"] == 3 * t.allocations and run["frees"] == 3 * t.frees
+    assert run["errors"] == run["skipped_frees"] == 0
+    assert run["thread_starts"] == 3 * t.threads
+    # each repetition alone reports the trace's peak too
+    for seed in range(5):
+        t = synthetic(threads=3, per_thread=200, seed=seed)
+        run = rmm_fences_testing.host_replay(t, ordered=True)
+        assert run["peak_live_bytes"] == run["trace_peak_live_bytes"] == t.peak_live_bytes > 0
+
+
+def skewed_trace():
+    """Recorded: thread 0 allocates 64 B, then 1 MiB (the allocation the harness slows down),
+    frees the MiB; then thread 1 frees the 64 B and allocates and frees 1 MiB. Peak: 1 MiB +
+    64 B. Free-running, thread 1 waits only for the 64 B, and runs while thread 0 sleeps."""
+    return Trace.from_events(
+        [
+            (0, "allocate", 0, 64, 0),
+            (0, "allocate", 1, MiB, 0),
+            (0, "free", 1, None, 0),
+            (1, "free", 0, None, 0),
+            (1, "allocate", 2, MiB, 0),
+            (1, "free", 2, None, 0),
+        ]
+    )
+
+
+def test_free_running_replay_leaves_the_recorded_order_ordered_does_not():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = skewed_trace()
+    assert t.peak_live_bytes == MiB + 64
+    expected = [(kind, size) for kind, size, _, _ in recorded_order(t, [100])]
+    # free-running: thread 1 frees the 64 B and makes its MiB while thread 0 sleeps before its
+    # MiB, so the replayed peak is not the trace's (tried a few times: it is a race, which
+    # thread 0's sleep of 100 ms makes thread 1 win)
+    for _ in range(5):
+        free = rmm_fences_testing.host_replay(t, slow_size=MiB, slow_us=100_000)
+        if free["peak_live_bytes"] != free["trace_peak_live_bytes"]:
+            break
+    assert free["peak_live_bytes"] != free["trace_peak_live_bytes"] == MiB + 64
+    assert [(c[1], c[3]) for c in free["calls"]] != expected
+    # ordered: the same skew, the recorded order and peak
+    run = rmm_fences_testing.host_replay(t, slow_size=MiB, slow_us=100_000, ordered=True)
+    check_recorded_order(t, run, [100])
+    assert run["peak_live_bytes"] == run["trace_peak_live_bytes"] == MiB + 64
+
+
+def test_ordered_replay_goes_on_past_failed_allocations():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = Trace.from_events(
+        [
+            (0, "allocate", 0, 100, 0),
+            (0, "allocate", 1, 666, 0),
+            (1, "free", 1, None, 0),  # the failed one: skipped, its turn passes
+            (1, "allocate", 2, 666, 0),  # fails too, never freed
+            (1, "free", 0, None, 0),
+            (0, "allocate", 3, 50, 0),
+            (1, "free", 3, None, 0),
+        ]
+    )
+    run = rmm_fences_testing.host_replay(t, fail_size=666, ordered=True, repeat=2)
+    assert run["errors"] == 4 and run["skipped_frees"] == 2
+    assert run["allocations"] == 8 and run["frees"] == 4 and run["leftovers"] == 0
+    once = [("allocate", 100), ("free", 100), ("allocate", 50), ("free", 50)]
+    assert [(c[1], c[3]) for c in run["calls"]] == once * 2
+    assert run["peak_live_bytes"] == 100 < run["trace_peak_live_bytes"] == 766
+
+
+def one_thread(trace):
+    """The same events, every one on thread 0: replayed in recorded order by construction."""
+    return Trace.from_events(
+        [
+            (0, int(a), int(i), int(s), int(k))
+            for a, i, s, k in zip(trace.action, trace.id, trace.size, trace.stream)
+        ]
+    )
+
+
+def test_ordered_replay_footprint_is_deterministic():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    t = synthetic(threads=4, per_thread=400, seed=5)
+    slow = int(t.size[(t.thread == 1) & (t.action == 0)][3])
+    options = dict(pool_chunk_bytes=256 * KiB, measure_footprint=True)
+    # the footprint of the recorded order: one thread replays it
+    reference = rmm_fences_testing.host_replay(one_thread(t), **options)
+    assert reference["peak_live_bytes"] == t.peak_live_bytes
+    for _ in range(4):
+        run = rmm_fences_testing.host_replay(
+            t, slow_size=slow, slow_us=2000, ordered=True, **options
+        )
+        assert chunk_sizes(run) == chunk_sizes(reference)  # the pool grew the same way
+        assert run["footprint_bytes"] == reference["footprint_bytes"] > t.peak_live_bytes
+        assert run["fragmentation"] == reference["fragmentation"]
+        assert run["peak_live_bytes"] == t.peak_live_bytes
+
+
+def test_ordered_must_be_a_bool():
+    rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match="ordered must be a bool"):
+            rmm_fences_testing.host_replay(chunked_trace(), ordered=bad)
+
+
 def test_with_footprint_puts_statistics_over_the_leaf():
     from rmm_fences.bench import with_footprint
     from rmm_fences.compose import SpecError, parse_spec
@@ -440,6 +595,9 @@ def test_replay_validates_before_any_cuda_call():
         replay(mr, Trace.from_events([]))
     with pytest.raises(ValueError, match="one stream per recorded stream"):
         replay(mr, t, streams=[None])
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match="ordered must be a bool"):
+            replay(mr, t, ordered=bad)
 
 
 def test_replay_reaches_the_native_call_without_a_gpu():

@@ -41,8 +41,9 @@ def check(stats, trace, source, repeat=1):
     assert stats["frees"] == repeat * trace.frees
     assert stats["footprint_source"] == source
     assert stats["trace_peak_live_bytes"] == trace.peak_live_bytes > 0
-    # the chain held every block live at once in the replay; the trace's own peak may be higher
-    # or lower (the threads replay their events in their own order, not the recorded interleaving)
+    # the chain held every block live at once in the replay; free-running, the trace's own peak
+    # may be higher or lower (the threads replay their events in their own order, not the
+    # recorded interleaving)
     assert stats["footprint_bytes"] >= stats["peak_live_bytes"] > 0
     assert stats["fragmentation"] == pytest.approx(stats["footprint_bytes"] / trace.peak_live_bytes)
 
@@ -116,3 +117,19 @@ def test_no_footprint_without_a_layer_to_read():
     assert stats["footprint_bytes"] is None and stats["fragmentation"] is None
     assert stats["trace_peak_live_bytes"] == t.peak_live_bytes
     assert stats["errors"] == 0
+
+
+def test_ordered_replay_of_the_mixed_trace_keeps_the_trace_s_peak():
+    t = mixed_trace(seed=5)
+    mr = compose(with_footprint("pool(cuda)"))
+    stats = replay(mr, t, ordered=True, repeat=2)
+    check(stats, t, "statistics", repeat=2)
+    # the calls in recorded order: the replayed peak of live bytes is the trace's, and the pool
+    # held every block live at that peak
+    assert stats["peak_live_bytes"] == stats["trace_peak_live_bytes"] == t.peak_live_bytes
+    assert stats["footprint_bytes"] >= t.peak_live_bytes
+    assert stats["fragmentation"] >= 1.0
+    assert stats["footprint_bytes"] == mr.stats["pool_bytes"]
+    # free-running on the same chain afterwards: every call made, nothing failed
+    free = replay(mr, t)
+    check(free, t, "statistics")

@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Recorded allocation logs (asv_bench/traces/*.csv.gz, recorded on a GPU host by
 tools/record_traces.py) replayed through each chain by ``rmm_fences.bench.replay`` (one native
-thread per recorded thread, no GIL, no memory touched): allocations + frees per second, the
-footprint (the most bytes the chain held from the device: a statistics adaptor over the chain's
-leaf, or a CudaAsync leaf's memory pool) and the fragmentation (footprint / the trace's own peak
-of live bytes). Without a GPU or without a recorded trace every benchmark is skipped."""
+thread per recorded thread, no GIL, no memory touched): allocations + frees per second
+(free-running replays), the footprint (the most bytes the chain held from the device: a
+statistics adaptor over the chain's leaf, or a CudaAsync leaf's memory pool) and the
+fragmentation (footprint / the trace's own peak of live bytes), both from an ordered replay (the
+trace's recorded order, so that every chain sees the same interleaving and the same peak).
+Without a GPU or without a recorded trace every benchmark is skipped."""
 
 import pathlib
 
@@ -71,8 +73,10 @@ def load_trace(name):
 
 
 class Replay:
-    """One replay of a fresh chain gives the footprint and the fragmentation (the pools grow
-    here); the timed replays then run on that chain, warm."""
+    """One ordered replay of a fresh chain (every event in the trace's recorded order: its peak
+    of live bytes is the trace's, whatever the chain's speed) gives the footprint and the
+    fragmentation (the pools grow here); the free-running timed replays then run on that chain,
+    warm."""
 
     params = [trace_names(), CHAINS]
     param_names = ["trace", "chain"]
@@ -90,7 +94,7 @@ class Replay:
 
         self.trace = load_trace(trace)
         self.mr = make_chain(chain, self.trace)
-        self.first = replay(self.mr, self.trace)
+        self.first = replay(self.mr, self.trace, ordered=True)
         if self.first["errors"]:  # out of memory: no number for a replay it could not finish
             raise NotImplementedError(f"{chain}: {self.first['errors']} allocations failed")
 

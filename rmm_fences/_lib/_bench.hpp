@@ -581,14 +581,16 @@ class rmm_footprint {
  * Recorded stream `s` is `streams[s]` when `streams` is not empty. Otherwise one non-blocking
  * stream is created per recorded stream, except the handles 0, 1 and 2 in `recorded` (the
  * legacy default stream, cudaStreamLegacy, cudaStreamPerThread), which stay themselves; the
- * created streams are synchronized and destroyed before this returns. `statistics` and
- * `pool`: the footprint meter's layer (see rmm_footprint; both null: none).
+ * created streams are synchronized and destroyed before this returns. `ordered`: every event
+ * in the trace's recorded order (see replay::run). `statistics` and `pool`: the footprint
+ * meter's layer (see rmm_footprint; both null: none).
  */
 inline replay::result replay_trace(rmm::device_async_resource_ref mr,
                                    replay::trace const& t,
                                    std::vector<cudaStream_t> streams,
                                    std::vector<std::uintptr_t> const& recorded,
                                    std::uint64_t repeat,
+                                   bool ordered,
                                    rmm::mr::statistics_resource_adaptor* statistics,
                                    cudaMemPool_t pool)
 {
@@ -621,7 +623,7 @@ inline replay::result replay_trace(rmm::device_async_resource_ref mr,
   replay_resource resource{mr};
   rmm_footprint footprint{statistics, pool};
   return replay::run(
-    resource, t, refs, repeat, [device] { (void)cudaSetDevice(device); }, footprint);
+    resource, t, refs, repeat, ordered, [device] { (void)cudaSetDevice(device); }, footprint);
 }
 
 }  // namespace rmm_fences::bench

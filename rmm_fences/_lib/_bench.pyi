@@ -72,5 +72,10 @@ def footprint_layer(
     mr: DeviceMemoryResource,
 ) -> tuple[Literal["cuda_async_pool", "statistics", "none"], DeviceMemoryResource | None]: ...
 def replay(
-    mr: DeviceMemoryResource, trace: Trace, *, streams: list[Any] | None = None, repeat: int = 1
+    mr: DeviceMemoryResource,
+    trace: Trace,
+    *,
+    streams: list[Any] | None = None,
+    repeat: int = 1,
+    ordered: bool = False,
 ) -> ReplayStats: ...

@@ -7,6 +7,7 @@ The native half of :mod:`rmm_fences.bench`, kept out of the resources module.
 
 from libc.stddef cimport size_t
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
+from libcpp cimport bool as cpp_bool
 from libcpp.vector cimport vector
 from cuda.bindings.cyruntime cimport cudaMemPool_t, cudaStream_t
 
@@ -89,7 +90,7 @@ cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
 
     replay_result c_replay_trace "rmm_fences::bench::replay_trace"(
         device_async_resource_ref mr, const replay_trace_t& trace, vector[cudaStream_t] streams,
-        const vector[uintptr_t]& recorded, uint64_t repeat,
+        const vector[uintptr_t]& recorded, uint64_t repeat, cpp_bool ordered,
         statistics_resource_adaptor* statistics, cudaMemPool_t pool) except +
 
 
@@ -302,15 +303,19 @@ def footprint_layer(mr) -> tuple:
     return "none", None
 
 
-def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t repeat=1) -> dict:
+def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t repeat=1,
+           ordered=False) -> dict:
     """Replays an allocation log (a ``Trace``, see ``rmm_fences.bench.read_allocation_log``)
     on ``mr``, timed in C++ without the GIL.
 
     One C++ thread per recorded thread replays its events in recorded order, all started
     together; a free of a block another thread allocated waits (spinning, yielding) until that
-    allocation happened. No memory is touched: this is the host cost of the calls, as in
-    :func:`alloc_free_ns`. An allocation that throws is counted in ``errors`` and the replay
-    goes on (its free is skipped). Blocks the log never frees are freed after the timing.
+    allocation happened. Nothing else orders the threads unless ``ordered``: then every event
+    also waits for its turn in the trace's one recorded order (all threads), so the calls reach
+    ``mr`` in that order and the replayed peak of live bytes is the trace's. No memory is
+    touched: this is the host cost of the calls, as in :func:`alloc_free_ns`. An allocation
+    that throws is counted in ``errors`` and the replay goes on (its free is skipped). Blocks
+    the log never frees are freed after the timing.
 
     The footprint: the most bytes the chain held from the device at once during the replay (all
     repetitions, what it held before included), read at the layer :func:`footprint_layer`
@@ -332,17 +337,36 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
         streams are synchronized and destroyed before this returns.
     repeat : int
         Replays, each from scratch (nothing live in between).
+    ordered : bool
+        False (default): free-running, the threads interleave as they run; for the rate of
+        calls (``allocations_per_s``). True: every event on its recorded thread, in the trace's
+        recorded order (a shared sequence counter: each thread waits, spinning then yielding,
+        until it reaches its event's index, makes the call, advances it); the interleaving,
+        hence ``peak_live_bytes`` and the footprint, no longer depend on timing: for comparing
+        the footprints of chains. The waits are timed too: its ``allocations_per_s`` is not
+        the chain's rate.
 
     Returns a dict: ``seconds`` (timed, summed over the replays), ``allocations_per_s``
     (allocations + frees made, per timed second: rmm's replay benchmark reports only the time
     of a replay), ``allocations``, ``frees``, ``errors``, ``skipped_frees``, ``leftovers``
-    (sums over the replays), ``peak_live_bytes`` (most bytes live at once, as replayed: threads
-    interleave, so it may differ from the trace's), ``trace_peak_live_bytes`` (most bytes live
-    at once in the trace's recorded order), ``footprint_bytes`` (see above),
+    (sums over the replays), ``peak_live_bytes`` (most bytes live at once, as replayed, the
+    largest repetition: free-running, threads interleave, so it may differ from the trace's;
+    ordered, it is the trace's unless an allocation failed), ``trace_peak_live_bytes`` (most
+    bytes live at once in the trace's recorded order), ``footprint_bytes`` (see above),
     ``fragmentation`` (``footprint_bytes / trace_peak_live_bytes``) and ``footprint_source``
     (the first item of :func:`footprint_layer`; with ``"none"``, ``footprint_bytes`` and
     ``fragmentation`` are None).
+
+    Raises
+    ------
+    TypeError
+        ``ordered`` is not a bool.
+    ValueError
+        ``repeat`` is 0, the trace holds no event, or ``streams`` has fewer streams than the
+        trace records.
     """
+    if ordered is not True and ordered is not False:
+        raise TypeError(f"ordered must be a bool, got {type(ordered).__name__}")
     if repeat == 0:
         raise ValueError("repeat must be positive, got 0")
     if len(trace) == 0:
@@ -374,8 +398,10 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
         thread.shape[0], &thread[0], &action[0], &ident[0], &size[0], &stream[0],
         trace.threads, recorded.size())
     cdef replay_result r
+    cdef cpp_bool c_ordered = ordered
     with nogil:
-        r = c_replay_trace(mr.get_mr(), c_trace, handles, recorded, repeat, c_statistics, c_pool)
+        r = c_replay_trace(mr.get_mr(), c_trace, handles, recorded, repeat, c_ordered,
+                           c_statistics, c_pool)
     cdef dict out = r  # the struct's fields, by name
     calls = r.allocations + r.frees
     out["allocations_per_s"] = calls / r.seconds if r.seconds > 0 else 0.0

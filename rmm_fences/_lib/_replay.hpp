@@ -54,10 +54,11 @@ double start_together(std::size_t count, Prepare prepare, Body body)
 namespace replay {
 
 /// One event of a thread: allocate (or free) allocation `id` of `size` bytes on recorded
-/// stream `stream`.
+/// stream `stream`; `index` is its position in the trace's recorded order (all threads).
 struct event {
   std::uint64_t id{};
   std::uint64_t size{};
+  std::uint64_t index{};
   std::uint32_t stream{};
   bool is_free{};
 };
@@ -116,7 +117,7 @@ inline trace make_trace(std::size_t events,
       live += size[i];
       t.peak_live_bytes = std::max(t.peak_live_bytes, live);
     }
-    t.threads[thread[i]].push_back(event{id[i], size[i], stream[i], is_free[i] != 0});
+    t.threads[thread[i]].push_back(event{id[i], size[i], i, stream[i], is_free[i] != 0});
   }
   return t;
 }
@@ -130,7 +131,8 @@ struct result {
   std::uint64_t errors{};           ///< allocations that threw
   std::uint64_t skipped_frees{};    ///< frees of allocations that threw (not made)
   std::uint64_t leftovers{};        ///< allocations never freed in the log, freed after the timing
-  std::uint64_t peak_live_bytes{};  ///< most bytes live at once as replayed (largest repetition)
+  std::uint64_t peak_live_bytes{};  ///< most bytes live at once as replayed (largest repetition;
+                                    ///< ordered: the trace's, unless an allocation threw)
   std::uint64_t trace_peak_live_bytes{};  ///< most bytes live at once in the trace's recorded
                                           ///< order (trace::peak_live_bytes)
   std::uint64_t footprint_bytes{};        ///< most bytes the footprint meter's layer held at once
@@ -154,13 +156,32 @@ struct no_footprint {
 };
 
 /**
+ * @brief Waits until `sequence` reaches `index`: spins a while (the turn usually comes within a
+ * call), then yields (more threads than cores).
+ */
+inline void wait_for_turn(std::atomic<std::uint64_t> const& sequence, std::uint64_t index)
+{
+  for (int spin = 0; spin < 256; ++spin) {
+    if (sequence.load(std::memory_order_acquire) == index) { return; }
+  }
+  while (sequence.load(std::memory_order_acquire) != index) {
+    std::this_thread::yield();
+  }
+}
+
+/**
  * @brief Replays `t` on `mr`, `repeat` times from scratch.
  *
- * One thread per recorded thread replays its events in recorded order; a free of an allocation
- * made by another thread spins (yielding) until that allocation happened. Recorded stream `s`
- * is `streams[s]`. Each thread first runs `on_thread()` (the CUDA device, for instance). An
- * allocation that throws is counted, the replay goes on and its free is skipped. Allocations
- * the log never frees are freed after each repetition, outside the timing, on their stream.
+ * One thread per recorded thread replays its events in recorded order. Free-running (`ordered`
+ * false), nothing else orders the threads: a free of an allocation made by another thread spins
+ * (yielding) until that allocation happened. `ordered`: every event also waits for its turn in
+ * the trace's one recorded order (all threads): a shared sequence counter, which each thread
+ * waits to reach its event's index (spinning, then yielding) and advances past it after the
+ * call, so that the calls reach `mr` in recorded order and the replayed peak of live bytes is the
+ * trace's (an allocation that throws lowers it). Recorded stream `s` is `streams[s]`. Each
+ * thread first runs `on_thread()` (the CUDA device, for instance). An allocation that throws is
+ * counted, the replay goes on and its free is skipped. Allocations the log never frees are freed
+ * after each repetition, outside the timing, on their stream.
  *
  * `footprint` (see no_footprint) measures what the chain drew from its bottom layer:
  * `footprint_bytes`, and `fragmentation` = `footprint_bytes` / the trace's own peak of live bytes.
@@ -173,6 +194,7 @@ result run(Resource& mr,
            trace const& t,
            std::vector<Stream> const& streams,
            std::uint64_t repeat,
+           bool ordered,
            OnThread on_thread,
            Footprint&& footprint = Footprint{})
 {
@@ -193,8 +215,43 @@ result run(Resource& mr,
   std::vector<counters> per_thread(t.threads.size());
   std::atomic<std::uint64_t> live_bytes{0};
   std::atomic<std::uint64_t> peak{0};
+  std::atomic<std::uint64_t> sequence{0};  // ordered: the index of the event whose turn it is
   result r;
   r.trace_peak_live_bytes = t.peak_live_bytes;
+  // One event, its counters in `c`.
+  auto const play = [&](event const& e, counters& c) {
+    auto& s = slots[e.id];
+    if (e.is_free) {
+      auto state = s.state.load(std::memory_order_acquire);
+      while (state == pending) {  // allocated by another thread, not yet
+        std::this_thread::yield();
+        state = s.state.load(std::memory_order_acquire);
+      }
+      if (state == failed) {
+        ++c.skipped;
+        return;
+      }
+      mr.deallocate(streams[s.stream], s.ptr, s.size);
+      live_bytes.fetch_sub(s.size, std::memory_order_relaxed);
+      s.state.store(freed, std::memory_order_relaxed);
+      ++c.frees;
+      return;
+    }
+    ++c.allocations;
+    s.size   = e.size;
+    s.stream = e.stream;
+    try {
+      s.ptr = mr.allocate(streams[e.stream], e.size);
+    } catch (...) {
+      ++c.errors;
+      s.state.store(failed, std::memory_order_release);
+      return;
+    }
+    auto const now = live_bytes.fetch_add(e.size, std::memory_order_relaxed) + e.size;
+    auto seen      = peak.load(std::memory_order_relaxed);
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {}
+    s.state.store(live, std::memory_order_release);
+  };
   footprint.start();
   for (std::uint64_t rep = 0; rep < repeat; ++rep) {
     for (auto& s : slots) {
@@ -203,44 +260,23 @@ result run(Resource& mr,
     }
     live_bytes.store(0);
     peak.store(0);
+    sequence.store(0);
     std::fill(per_thread.begin(), per_thread.end(), counters{});
     r.seconds += start_together(
       t.threads.size(),
       [&](std::size_t) { on_thread(); },
       [&](std::size_t thread) {
         auto& c = per_thread[thread];
-        for (auto const& e : t.threads[thread]) {
-          auto& s = slots[e.id];
-          if (e.is_free) {
-            auto state = s.state.load(std::memory_order_acquire);
-            while (state == pending) {  // allocated by another thread, not yet
-              std::this_thread::yield();
-              state = s.state.load(std::memory_order_acquire);
-            }
-            if (state == failed) {
-              ++c.skipped;
-              continue;
-            }
-            mr.deallocate(streams[s.stream], s.ptr, s.size);
-            live_bytes.fetch_sub(s.size, std::memory_order_relaxed);
-            s.state.store(freed, std::memory_order_relaxed);
-            ++c.frees;
-          } else {
-            ++c.allocations;
-            s.size   = e.size;
-            s.stream = e.stream;
-            try {
-              s.ptr = mr.allocate(streams[e.stream], e.size);
-            } catch (...) {
-              ++c.errors;
-              s.state.store(failed, std::memory_order_release);
-              continue;
-            }
-            auto const now = live_bytes.fetch_add(e.size, std::memory_order_relaxed) + e.size;
-            auto seen      = peak.load(std::memory_order_relaxed);
-            while (now > seen && !peak.compare_exchange_weak(seen, now)) {}
-            s.state.store(live, std::memory_order_release);
+        if (!ordered) {
+          for (auto const& e : t.threads[thread]) {
+            play(e, c);
           }
+          return;
+        }
+        for (auto const& e : t.threads[thread]) {
+          wait_for_turn(sequence, e.index);
+          play(e, c);
+          sequence.store(e.index + 1, std::memory_order_release);
         }
       });
     for (auto& s : slots) {  // untimed: what the log never freed

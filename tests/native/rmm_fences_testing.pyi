@@ -128,4 +128,5 @@ def host_replay(
     pool_initial_bytes: int = 0,
     measure_footprint: bool = False,
     spike_bytes: int = 0,
+    ordered: bool = False,
 ) -> dict[str, Any]: ...

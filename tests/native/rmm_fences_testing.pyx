@@ -1182,6 +1182,7 @@ cdef extern from "rmm_fences_testing/host_replay.hpp" namespace "rmm_fences::tes
         size_t pool_initial_bytes
         bool measure_footprint
         size_t spike_bytes
+        bool ordered
 
     host_replay_run c_host_replay "rmm_fences::testing::host_replay"(
         const vector[uint32_t]&, const vector[uint8_t]&, const vector[uint64_t]&,
@@ -1192,7 +1193,7 @@ cdef extern from "rmm_fences_testing/host_replay.hpp" namespace "rmm_fences::tes
 def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
                 size_t slow_size=0, uint64_t slow_us=0, *, size_t pool_chunk_bytes=0,
                 size_t pool_initial_bytes=0, bint measure_footprint=False,
-                size_t spike_bytes=0) -> dict:
+                size_t spike_bytes=0, ordered=False) -> dict:
     """Replays ``trace`` (an ``rmm_fences.bench.Trace``) with the engine of
     ``rmm_fences.bench.replay`` (one real thread per recorded thread) on a malloc-backed host
     resource that records its calls and counts the bytes it holds. ``streams``: the handle of
@@ -1204,12 +1205,15 @@ def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
     their size (``pool_initial_bytes``: a chunk made before the replay). ``measure_footprint``:
     the replay's footprint meter counts the bytes the recording resource holds.
     ``spike_bytes``: allocated and freed on the recording resource before the replay (and
-    before the pool's initial chunk), a peak the footprint must leave out.
+    before the pool's initial chunk), a peak the footprint must leave out. ``ordered``: every
+    event in the trace's recorded order, as ``rmm_fences.bench.replay(..., ordered=True)``.
 
     Returns the engine's counters and ``calls``: ``(seq, "allocate" | "free", ptr, size,
     stream)`` in call order (with a pool: its chunks); ``thread_starts``: how often the
     per-thread set-up ran.
     """
+    if ordered is not True and ordered is not False:
+        raise TypeError(f"ordered must be a bool, got {type(ordered).__name__}")
     cdef vector[uint32_t] thread = trace.thread.tolist()
     cdef vector[uint8_t] is_free = trace.action.tolist()
     cdef vector[uint64_t] ids = trace.id.tolist()
@@ -1227,6 +1231,7 @@ def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
     options.pool_initial_bytes = pool_initial_bytes
     options.measure_footprint = measure_footprint
     options.spike_bytes = spike_bytes
+    options.ordered = ordered
     cdef host_replay_run run
     with nogil:
         run = c_host_replay(thread, is_free, ids, sizes, stream, threads, handles, repeat,

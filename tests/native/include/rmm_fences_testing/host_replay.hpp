@@ -190,6 +190,7 @@ struct host_replay_options {
                                       ///< recording resource (else none)
   std::size_t spike_bytes{0};         ///< allocated and freed on the recording resource before the
                                       ///< replay: a peak the footprint must not count
+  bool ordered{false};                ///< every event in the trace's recorded order (replay::run)
 };
 
 inline host_replay_run host_replay(std::vector<std::uint32_t> const& thread,
@@ -220,9 +221,9 @@ inline host_replay_run host_replay(std::vector<std::uint32_t> const& thread,
   auto const replay    = [&](auto& resource) {
     if (options.measure_footprint) {
       return rmm_fences::bench::replay::run(
-        resource, t, streams, repeat, on_thread, host_footprint{mr});
+        resource, t, streams, repeat, options.ordered, on_thread, host_footprint{mr});
     }
-    return rmm_fences::bench::replay::run(resource, t, streams, repeat, on_thread);
+    return rmm_fences::bench::replay::run(resource, t, streams, repeat, options.ordered, on_thread);
   };
   if (options.spike_bytes > 0) {
     mr.deallocate(0, mr.allocate(0, options.spike_bytes), options.spike_bytes);
