@@ -371,7 +371,8 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
             self._maximum_growth_size = parse_bytes(maximum_growth_size, "maximum_growth_size")
             if self._maximum_growth_size == 0:
                 raise ValueError(
-                    "maximum_growth_size must be a positive size (or None for doubling), got 0"
+                    "maximum_growth_size must be a positive size (or None for the default "
+                    "growth), got 0"
                 )
             growth = <size_t>self._maximum_growth_size
         with nogil:
@@ -453,7 +454,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
 
     @property
     def maximum_growth_size(self):
-        """The largest chunk a growth takes beyond the request, or ``None`` (doubling)."""
+        """The largest chunk a growth takes beyond the request, or ``None`` (the default growth)."""
         return self._maximum_growth_size
 
     def release(self) -> int:
@@ -498,15 +499,17 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
         Where chunks come from.
     initial_pool_size : int or str, optional
         Bytes taken from the upstream at construction (``"1GiB"`` accepted). ``None``
-        (default): nothing until the first allocation, then 64 MiB or the request.
+        (default): nothing until the first allocation, then the request rounded up to 2 MiB.
     maximum_pool_size : int or str, optional
         The most bytes the pool may hold. ``None`` (default): no bound.
     maximum_growth_size : int or str, optional
         The largest chunk one growth takes from the upstream beyond what the request needs:
         a growth takes the larger of the request and ``min(pool_size(), maximum_growth_size)``.
-        ``None`` (default): the pool doubles, as rmm's pool does. A bound keeps the last
-        growth of a large pool from doubling it, at the cost of more chunks (a block never
-        spans two, so a fragmented pool may grow more).
+        ``None`` (default): chunks of whole 2 MiB; the pool doubles below 64 MiB, as rmm's
+        pool does, then a request of at least 1/8 of the pool gets a chunk of its own size
+        and a smaller one grows the pool by half. A bound limits each growth of a large pool,
+        at the cost of more chunks (a block never spans two, so a fragmented pool may grow
+        more).
 
     Notes
     -----
@@ -515,7 +518,7 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
     free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes,
     its last exact-size frees counted only once another stream ran short), never one per free,
-    and never while it is being captured. The pool grows by doubling (or by at most
+    and never while it is being captured. The pool grows as ``maximum_growth_size`` says (at most
     ``maximum_growth_size`` beyond the request), trying smaller chunks when the upstream is
     short, allocating each chunk on the requesting stream (on a pool-owned stream while the
     requesting stream is captured); right before

@@ -144,7 +144,7 @@ struct free_result {
  *    thread holds a slot's mutex and the shared list's or the orphans' at once.
  *  - During capture of the calling stream: no fence is recorded and no stream wait enqueued;
  *    allocation uses the stream's cache, shared blocks that are untagged or whose fences a
- *    query finds complete, or upstream growth (by at most the first chunk's size, no doubling).
+ *    query finds complete, or upstream growth (by at most 64 MiB beyond the request).
  */
 template <typename Platform, typename Upstream>
 class stream_ordered_pool_core {
@@ -162,8 +162,15 @@ class stream_ordered_pool_core {
   static constexpr std::int64_t accounting_batch = std::int64_t{4} << 20;
   /// Frees per stream kept for exact-size reuse before they join the stream's free list.
   static constexpr std::size_t recent_capacity = 8;
-  /// Size of the first chunk when no initial size is given.
-  static constexpr std::size_t default_first_chunk = std::size_t{64} << 20;
+  /// 64 MiB: a pool below it doubles when it grows; the most a growth adds beyond the request
+  /// while the calling stream is captured; the first chunk with `maximum_growth_size`.
+  static constexpr std::size_t small_pool_bytes = std::size_t{64} << 20;
+  /// Chunks grown without `initial_pool_size`/`maximum_growth_size` are multiples of this.
+  static constexpr std::size_t growth_granularity = std::size_t{2} << 20;
+  /// A growth adds the larger of the request and 1/this of the pool (the pool grows by half).
+  static constexpr std::size_t growth_divisor = 2;
+  /// A request of at least 1/this of the pool grows it by the request alone.
+  static constexpr std::size_t big_request_fraction = 8;
   /// Largest alignment accepted.
   static constexpr std::size_t max_alignment = std::size_t{1} << 30;
   /// Requests above this raise out-of-memory at once (no upstream holds half the address
@@ -300,6 +307,11 @@ class stream_ordered_pool_core {
     request_fences(slot);
     bool const capturing = platform_.is_capturing(stream);
     if (!capturing && orphans_worth_a_sync(size) && reclaim()) {
+      if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
+    }
+    // The stream's own free blocks coalesce with the shared list's before the pool grows (a
+    // block split between the two lists would otherwise be missed).
+    if (share_own_cache(slot, stream)) {
       if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     }
     if (void* ptr = grow(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
@@ -1153,6 +1165,16 @@ class stream_ordered_pool_core {
     }
   }
 
+  /// Fences `slot`'s cache (blocks freed on `stream`) into the shared list, where the stream
+  /// takes them back without a wait; true when it moved any (not in capture).
+  bool share_own_cache(slot_type& slot, stream_type stream)
+  {
+    std::unique_lock<spin_mutex> lock(slot.mutex);
+    if (slot.recent_count == 0 && slot.cache.empty()) { return false; }
+    fence_and_share(slot, stream, lock);
+    return !lock.owns_lock();  // fence_and_share unlocks once it moved the blocks
+  }
+
   /// Records `slot`'s fence on `stream` (after the work queued there); its number, or none
   /// when no fence could be created or recorded (caller holds slot.mutex or a pin).
   std::optional<std::uint64_t> record_fence(slot_type& slot, stream_type stream) noexcept
@@ -1281,9 +1303,18 @@ class stream_ordered_pool_core {
   }
 
   /**
-   * @brief Grows the pool by one chunk (doubling, bounded, smaller on failure) and allocates
-   * from it. With `maximum_growth_size` the chunk is the larger of the request and
-   * min(pool size, maximum_growth_size) instead of the larger of the request and the pool size.
+   * @brief Grows the pool by one chunk and allocates from it (smaller on upstream failure,
+   * down to the request).
+   *
+   * Chunks are multiples of `growth_granularity`, at least the request. Below
+   * `small_pool_bytes` the pool doubles, from the first request (rmm's pool's rule). From
+   * there, a request of at least 1/`big_request_fraction` of the pool gets a chunk of its own
+   * size (a training step's logits: doubling a large pool for one block held about the pool's
+   * size again); a smaller one grows the pool by half (the last growth leaves at most a third
+   * of the pool unused, where doubling leaves half). With `maximum_growth_size` the chunk is
+   * the larger of the request and min(pool size or `small_pool_bytes` at first,
+   * maximum_growth_size). In capture the growth beyond the request is at most
+   * `small_pool_bytes`.
    *
    * The chunk comes from the upstream on `stream`: the carved block is ordered for `stream`
    * and the rest is listed with a fence of `stream` recorded after the upstream call (in
@@ -1306,11 +1337,18 @@ class stream_ordered_pool_core {
     // mode on a stream that is not captured.
     [[maybe_unused]] auto relaxed = platform_.relax();
     bool const capturing          = platform_.is_capturing(stream);
-    auto step                     = held == 0 ? default_first_chunk : held;
-    if (maximum_growth_size_) { step = std::min(step, *maximum_growth_size_); }
+    auto step                     = held < small_pool_bytes ? held  // doubling, as rmm's pool does
+                                    : need >= held / big_request_fraction ? 0
+                                                                          : held / growth_divisor;
+    if (maximum_growth_size_) {
+      step = std::min(held == 0 ? small_pool_bytes : held, *maximum_growth_size_);
+    } else {
+      step =
+        (std::max(need, step) + growth_granularity - 1) / growth_granularity * growth_granularity;
+    }
     // A capture needs a few blocks: its growth does not double the pool (doubling once per
     // capture on a new stream, CuPy's graph-test pattern, reached 16 GiB in 10 captures).
-    if (capturing) { step = std::min(step, default_first_chunk); }
+    if (capturing) { step = std::min(step, small_pool_bytes); }
     auto chunk    = std::min(room, std::max(need, step));
     chunk         = round_to_granule(chunk);
     auto const on = capturing ? platform_.private_stream() : stream;
