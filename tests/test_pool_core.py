@@ -408,6 +408,20 @@ def test_a_big_request_grows_a_large_pool_by_its_own_size():
     assert chunks[-1] == 100 << 20 and sum(chunks[:-1]) == 324 << 20, chunks
 
 
+def test_a_bounded_pool_takes_all_its_room_rather_than_strand_a_remainder():
+    # 16 MiB at most: 12 MiB first. A 12 MiB chunk would leave 4 MiB of room, less than it
+    # took; a 12 MiB chunk and a 4 MiB one can never serve 16 MiB, which fits the bound.
+    p = HostStreamOrderedPool(maximum_pool_size=16 << 20)
+    a = p.allocate(12 << 20, stream=1)
+    with pytest.raises(MemoryError):
+        p.allocate(8 << 20, stream=1)
+    p.deallocate(a, 12 << 20, stream=1)
+    b = p.allocate(16 << 20, stream=1)  # the whole bound, in the one chunk
+    p.deallocate(b, 16 << 20, stream=1)
+    assert [size for kind, _, size, _, _ in p.upstream_calls if kind == "allocate"] == [16 << 20]
+    assert p.violations == []
+
+
 def test_maximum_growth_size_bounds_each_chunk_beyond_the_request():
     requests = [3 << 20] * 40 + [40 << 20]  # 160 MiB live; the last request above the bound
     chunks = grown_chunks(16 << 20, requests)

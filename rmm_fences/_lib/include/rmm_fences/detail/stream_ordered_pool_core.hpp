@@ -1314,7 +1314,8 @@ class stream_ordered_pool_core {
    * of the pool unused, where doubling leaves half). With `maximum_growth_size` the chunk is
    * the larger of the request and min(pool size or `small_pool_bytes` at first,
    * maximum_growth_size). In capture the growth beyond the request is at most
-   * `small_pool_bytes`.
+   * `small_pool_bytes`. With `maximum_pool_size`, a growth that would leave less room than it
+   * takes takes all the room left.
    *
    * The chunk comes from the upstream on `stream`: the carved block is ordered for `stream`
    * and the rest is listed with a fence of `stream` recorded after the upstream call (in
@@ -1349,7 +1350,10 @@ class stream_ordered_pool_core {
     // A capture needs a few blocks: its growth does not double the pool (doubling once per
     // capture on a new stream, CuPy's graph-test pattern, reached 16 GiB in 10 captures).
     if (capturing) { step = std::min(step, small_pool_bytes); }
-    auto chunk    = std::min(room, std::max(need, step));
+    auto chunk = std::min(room, std::max(need, step));
+    // A bounded pool whose growth would leave less room than it takes takes all of it: the
+    // remainder, a chunk apart, could never serve a block as large as this one.
+    if (maximum_pool_size_ && !capturing && room - chunk < chunk) { chunk = room; }
     chunk         = round_to_granule(chunk);
     auto const on = capturing ? platform_.private_stream() : stream;
     while (true) {
