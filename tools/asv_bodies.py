@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run asv benchmark bodies once, without asv, as JSON lines; render them as markdown tables.
+
+On a GPU host (one device call, where asv's process per benchmark costs too much):
+
+    python tools/asv_bodies.py run replay  > replay.jsonl   # benchmarks/replay.py: every trace x chain
+    python tools/asv_bodies.py run streams > streams.jsonl  # benchmarks/streams.py
+    python tools/asv_bodies.py table replay  docs/data/replay/<file>.jsonl
+    python tools/asv_bodies.py table streams docs/data/bench/<file>.jsonl
+
+``run replay`` follows ``Replay``: one ordered replay of a fresh chain for the footprint, then
+the free-running timed replays (``track_allocations_per_s``); ``run streams`` calls
+``CrossStream``, ``StreamPerTask`` (three timed rounds) and reads the pool's stream slots
+after 100, 2 000 and 20 000 short-lived streams (``StreamSlots``' measure at three counts).
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+ASV = pathlib.Path(__file__).resolve().parents[1] / "asv_bench"
+
+
+def run_replay(out):
+    from benchmarks import replay as R
+
+    for trace in R.trace_names():
+        for chain in R.CHAINS:
+            b = R.Replay()
+            row = {"trace": trace, "chain": chain}
+            try:
+                b.setup(trace, chain)
+                row.update(
+                    alloc_per_s=b.track_allocations_per_s(trace, chain),
+                    footprint_mib=b.track_footprint_mib(trace, chain),
+                    fragmentation=b.track_fragmentation(trace, chain),
+                    ordered_peak_live=b.first["peak_live_bytes"],
+                    trace_peak_live=b.first["trace_peak_live_bytes"],
+                    errors=b.first["errors"],
+                )
+                stats = getattr(b.mr, "stats", None)
+                if isinstance(stats, dict):
+                    row["stats"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+            except NotImplementedError as exc:
+                row["skipped"] = str(exc)
+            finally:
+                b.teardown(trace, chain)
+            print(json.dumps(row), file=out, flush=True)
+
+
+def run_streams(out):
+    from benchmarks import streams as S
+    from benchmarks._common import make
+
+    for chain in S._POOLS:
+        for nbytes in (1 << 20, 64 << 20):
+            b = S.CrossStream()
+            b.setup(chain, nbytes)
+            row = {"bench": "CrossStream", "chain": chain, "nbytes": nbytes,
+                   "cross_pair_ns": b.track_pair_ns(chain, nbytes),
+                   "same_pair_ns": b.track_same_stream_pair_ns(chain, nbytes)}
+            print(json.dumps(row), file=out, flush=True)
+        b = S.StreamPerTask()
+        b.setup(chain)
+        row = {"bench": "StreamPerTask", "chain": chain,
+               "task_us": [b.track_task_us(chain) for _ in range(3)]}
+        print(json.dumps(row), file=out, flush=True)
+    mr = make("rmm_fences_pool")
+    for tasks in (100, 2000, 20000):
+        S._tasks(mr, tasks)
+        stats = {k: v for k, v in mr.stats.items() if isinstance(v, (int, float))}
+        row = {"bench": "StreamSlots", "after_tasks": tasks, "stream_slots": stats["stream_slots"],
+               "pool_mib": stats["pool_bytes"] / 2**20, "stats": stats}
+        print(json.dumps(row), file=out, flush=True)
+
+
+def _rows(path):
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def table_replay(path):
+    by = {}
+    for r in _rows(path):
+        by.setdefault(r["trace"], {})[r["chain"]] = r
+    lines = [
+        "| trace | peak live MiB | rmm_fences pool calls/s | / rmm's pool | / CudaAsync "
+        "| footprint MiB: rmm_fences pool | rmm's pool | CudaAsync | / rmm's pool | errors (all chains) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for trace, d in by.items():
+        f, p, a = d["rmm_fences_pool"], d["rmm_pool"], d["cuda_async"]
+        errors = sum(r.get("errors", 0) for r in d.values())
+        lines.append(
+            f"| {trace} | {f['trace_peak_live'] / 2**20:.0f} | {f['alloc_per_s'] / 1e6:.2f} M "
+            f"| {f['alloc_per_s'] / p['alloc_per_s']:.1f}x | {f['alloc_per_s'] / a['alloc_per_s']:.1f}x "
+            f"| {f['footprint_mib']:.0f} | {p['footprint_mib']:.0f} | {a['footprint_mib']:.0f} "
+            f"| {f['footprint_mib'] / p['footprint_mib']:.2f}x | {errors} |"
+        )
+    chains = list(next(iter(by.values())))
+    lines += ["", "| trace | " + " | ".join(chains) + " |", "|---|" + "---:|" * len(chains)]
+    for trace, d in by.items():
+        cells = [f"{d[c]['alloc_per_s'] / 1e6:.2f} M, {d[c]['footprint_mib']:.0f} MiB" for c in chains]
+        lines.append(f"| {trace} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table_streams(path):
+    rows = _rows(path)
+    lines = ["| chain | block | cross-stream pair ns | same-stream pair ns | a task (new stream) us |",
+             "|---|---:|---:|---:|---:|"]
+    tasks = {r["chain"]: r["task_us"] for r in rows if r["bench"] == "StreamPerTask"}
+    for r in rows:
+        if r["bench"] == "CrossStream":
+            t = ", ".join(f"{x:.1f}" for x in tasks[r["chain"]]) if r["nbytes"] == 1 << 20 else ""
+            lines.append(f"| {r['chain']} | {r['nbytes'] >> 20} MiB | {r['cross_pair_ns']:.0f} "
+                         f"| {r['same_pair_ns']:.0f} | {t} |")
+    lines += ["", "| short-lived streams so far | stream slots held | pool MiB |", "|---:|---:|---:|"]
+    total = 0
+    for r in rows:
+        if r["bench"] == "StreamSlots":
+            total += r["after_tasks"]
+            lines.append(f"| {total} | {r['stream_slots']} | {r['pool_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the bodies on a GPU host: JSON lines on stdout")
+    run.add_argument("what", choices=["replay", "streams"])
+    table = sub.add_parser("table", help="markdown tables from a JSON-lines file")
+    table.add_argument("what", choices=["replay", "streams"])
+    table.add_argument("path")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        sys.path.insert(0, str(ASV))
+        {"replay": run_replay, "streams": run_streams}[args.what](sys.stdout)
+    else:
+        print({"replay": table_replay, "streams": table_streams}[args.what](args.path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
