@@ -3,7 +3,7 @@
 
 On a GPU host (one device call, where asv's process per benchmark costs too much):
 
-    python tools/asv_bodies.py run replay  > replay.jsonl   # benchmarks/replay.py: every trace x chain
+    python tools/asv_bodies.py run replay  > replay.jsonl   # benchmarks/replay.py
     python tools/asv_bodies.py run streams > streams.jsonl  # benchmarks/streams.py
     python tools/asv_bodies.py table replay  docs/data/replay/<file>.jsonl
     python tools/asv_bodies.py table streams docs/data/bench/<file>.jsonl
@@ -57,21 +57,33 @@ def run_streams(out):
         for nbytes in (1 << 20, 64 << 20):
             b = S.CrossStream()
             b.setup(chain, nbytes)
-            row = {"bench": "CrossStream", "chain": chain, "nbytes": nbytes,
-                   "cross_pair_ns": b.track_pair_ns(chain, nbytes),
-                   "same_pair_ns": b.track_same_stream_pair_ns(chain, nbytes)}
+            row = {
+                "bench": "CrossStream",
+                "chain": chain,
+                "nbytes": nbytes,
+                "cross_pair_ns": b.track_pair_ns(chain, nbytes),
+                "same_pair_ns": b.track_same_stream_pair_ns(chain, nbytes),
+            }
             print(json.dumps(row), file=out, flush=True)
         b = S.StreamPerTask()
         b.setup(chain)
-        row = {"bench": "StreamPerTask", "chain": chain,
-               "task_us": [b.track_task_us(chain) for _ in range(3)]}
+        row = {
+            "bench": "StreamPerTask",
+            "chain": chain,
+            "task_us": [b.track_task_us(chain) for _ in range(3)],
+        }
         print(json.dumps(row), file=out, flush=True)
     mr = make("rmm_fences_pool")
     for tasks in (100, 2000, 20000):
         S._tasks(mr, tasks)
         stats = {k: v for k, v in mr.stats.items() if isinstance(v, (int, float))}
-        row = {"bench": "StreamSlots", "after_tasks": tasks, "stream_slots": stats["stream_slots"],
-               "pool_mib": stats["pool_bytes"] / 2**20, "stats": stats}
+        row = {
+            "bench": "StreamSlots",
+            "after_tasks": tasks,
+            "stream_slots": stats["stream_slots"],
+            "pool_mib": stats["pool_bytes"] / 2**20,
+            "stats": stats,
+        }
         print(json.dumps(row), file=out, flush=True)
 
 
@@ -85,37 +97,49 @@ def table_replay(path):
         by.setdefault(r["trace"], {})[r["chain"]] = r
     lines = [
         "| trace | peak live MiB | rmm_fences pool calls/s | / rmm's pool | / CudaAsync "
-        "| footprint MiB: rmm_fences pool | rmm's pool | CudaAsync | / rmm's pool | errors (all chains) |",
+        "| footprint MiB: rmm_fences pool | rmm's pool | CudaAsync | / rmm's pool "
+        "| errors (all chains) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for trace, d in by.items():
         f, p, a = d["rmm_fences_pool"], d["rmm_pool"], d["cuda_async"]
         errors = sum(r.get("errors", 0) for r in d.values())
+        rate = f["alloc_per_s"]
         lines.append(
-            f"| {trace} | {f['trace_peak_live'] / 2**20:.0f} | {f['alloc_per_s'] / 1e6:.2f} M "
-            f"| {f['alloc_per_s'] / p['alloc_per_s']:.1f}x | {f['alloc_per_s'] / a['alloc_per_s']:.1f}x "
+            f"| {trace} | {f['trace_peak_live'] / 2**20:.0f} | {rate / 1e6:.2f} M "
+            f"| {rate / p['alloc_per_s']:.1f}x | {rate / a['alloc_per_s']:.1f}x "
             f"| {f['footprint_mib']:.0f} | {p['footprint_mib']:.0f} | {a['footprint_mib']:.0f} "
             f"| {f['footprint_mib'] / p['footprint_mib']:.2f}x | {errors} |"
         )
     chains = list(next(iter(by.values())))
     lines += ["", "| trace | " + " | ".join(chains) + " |", "|---|" + "---:|" * len(chains)]
     for trace, d in by.items():
-        cells = [f"{d[c]['alloc_per_s'] / 1e6:.2f} M, {d[c]['footprint_mib']:.0f} MiB" for c in chains]
+        cells = [
+            f"{d[c]['alloc_per_s'] / 1e6:.2f} M, {d[c]['footprint_mib']:.0f} MiB" for c in chains
+        ]
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def table_streams(path):
     rows = _rows(path)
-    lines = ["| chain | block | cross-stream pair ns | same-stream pair ns | a task (new stream) us |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| chain | block | cross-stream pair ns | same-stream pair ns | a task (new stream) us |",
+        "|---|---:|---:|---:|---:|",
+    ]
     tasks = {r["chain"]: r["task_us"] for r in rows if r["bench"] == "StreamPerTask"}
     for r in rows:
         if r["bench"] == "CrossStream":
             t = ", ".join(f"{x:.1f}" for x in tasks[r["chain"]]) if r["nbytes"] == 1 << 20 else ""
-            lines.append(f"| {r['chain']} | {r['nbytes'] >> 20} MiB | {r['cross_pair_ns']:.0f} "
-                         f"| {r['same_pair_ns']:.0f} | {t} |")
-    lines += ["", "| short-lived streams so far | stream slots held | pool MiB |", "|---:|---:|---:|"]
+            lines.append(
+                f"| {r['chain']} | {r['nbytes'] >> 20} MiB | {r['cross_pair_ns']:.0f} "
+                f"| {r['same_pair_ns']:.0f} | {t} |"
+            )
+    lines += [
+        "",
+        "| short-lived streams so far | stream slots held | pool MiB |",
+        "|---:|---:|---:|",
+    ]
     total = 0
     for r in rows:
         if r["bench"] == "StreamSlots":
