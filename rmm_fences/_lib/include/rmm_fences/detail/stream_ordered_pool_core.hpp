@@ -1338,14 +1338,17 @@ class stream_ordered_pool_core {
     // mode on a stream that is not captured.
     [[maybe_unused]] auto relaxed = platform_.relax();
     bool const capturing          = platform_.is_capturing(stream);
-    auto step                     = held < small_pool_bytes ? held  // doubling, as rmm's pool does
-                                    : need >= held / big_request_fraction ? 0
-                                                                          : held / growth_divisor;
+    std::size_t step              = 0;
     if (maximum_growth_size_) {
       step = std::min(held == 0 ? small_pool_bytes : held, *maximum_growth_size_);
     } else {
+      // Doubling below small_pool_bytes (rmm's pool's rule), then a big request alone, else
+      // half the pool.
+      auto const rule = held < small_pool_bytes               ? held
+                        : need >= held / big_request_fraction ? 0
+                                                              : held / growth_divisor;
       step =
-        (std::max(need, step) + growth_granularity - 1) / growth_granularity * growth_granularity;
+        (std::max(need, rule) + growth_granularity - 1) / growth_granularity * growth_granularity;
     }
     // A capture needs a few blocks: its growth does not double the pool (doubling once per
     // capture on a new stream, CuPy's graph-test pattern, reached 16 GiB in 10 captures).
