@@ -581,6 +581,58 @@ def test_stream_slots_counts_one_slot_per_stream_in_use():
     assert p.stats["stream_slots"] == 39 and p.stats["retired_streams"] == 1
 
 
+# --- capture: the shared list's candidates in best-fit order ---------------------------------
+
+MIB = 1 << 20
+
+
+def _tagged_best_fit_before_a_usable_block(usable):
+    """An 8 MiB pool (one untagged chunk) whose shared list offers, best fit first, a 1 MiB
+    block tagged with a fence of stream 1 whose work is still running, then a block that needs
+    no wait: with ``usable="complete"`` a 1 MiB block at a higher address fenced by stream 2,
+    whose work ran; with ``usable="untagged"`` the chunk's untagged rest (larger). Allocated
+    separators keep the blocks apart. Returns (pool, tagged block, usable block)."""
+    p = HostStreamOrderedPool(8 * MIB)
+    x = p.allocate(MIB, stream=1)
+    p.allocate(256, stream=3)
+    if usable == "complete":
+        y = p.allocate(MIB, stream=2)
+        p.allocate(256, stream=3)
+        p.deallocate(y, MIB, stream=2)
+        p.retire_stream(2)  # fenced and shared
+        p.complete(2)  # its fence queries complete
+    else:
+        y = x + MIB + 256  # the chunk's rest, listed untagged since the pool was made
+    p.deallocate(x, MIB, stream=1)
+    p.retire_stream(1)  # fenced and shared; stream 1's work is still running
+    assert p.upstream_calls[1:] == []  # one chunk, the initial one
+    return p, x, y
+
+
+@pytest.mark.parametrize("usable", ["complete", "untagged"])
+def test_capture_skips_a_tagged_best_fit_for_a_block_needing_no_wait(usable):
+    p, x, y = _tagged_best_fit_before_a_usable_block(usable)
+    waits_before = len(p.waits)
+    p.begin_capture(5)
+    z = p.allocate(MIB, stream=5)
+    p.end_capture(5)
+    assert p.upstream_calls[1:] == [], "the capture grew the pool"
+    assert z == y
+    assert len(p.waits) == waits_before  # no wait enqueued in capture
+    p.deallocate(z, MIB, stream=5)
+    assert p.violations == []
+
+
+def test_outside_capture_the_tagged_best_fit_is_taken_after_a_wait():
+    p, x, _ = _tagged_best_fit_before_a_usable_block("complete")
+    z = p.allocate(MIB, stream=5)
+    assert z == x
+    assert p.waits[-1][:2] == (5, 1)  # stream 5 waits on stream 1's fence
+    assert p.upstream_calls[1:] == []
+    p.deallocate(z, MIB, stream=5)
+    assert p.violations == []
+
+
 # --- captures on new streams (CuPy's cuda_tests/test_graph.py: a new stream per test) -------
 
 
@@ -614,20 +666,22 @@ def test_captures_reuse_blocks_whose_fences_are_complete():
     _capture_rounds(p, 20, complete_between=True)
     # Before: every capture grew the pool (its blocks' neighbours carried fences it could not
     # wait on), doubling it: 64 MiB, 64, 128, ... 16 GiB after 10 captures.
-    # Now: the first capture grows (the default stream's fence is not complete yet), then
-    # every capture reuses completed blocks. The first capture grows once or twice: the shared
-    # list offers it only its best fit, which may be the default stream's tagged rest (same
-    # size as its own untagged rest; which comes first depends on where host chunks land).
-    grown = _grown(p)
-    assert len(grown) <= 3 and sum(grown) <= 8 << 20, [g >> 20 for g in grown]
+    # Now: the default stream's first chunk, then one growth for the first capture (the
+    # default stream's fence is not complete yet); every later capture reuses completed or
+    # untagged blocks, whichever of them comes first in best-fit order.
+    assert _grown(p) == [2 << 20, 2 << 20], [g >> 20 for g in _grown(p)]
     assert p.violations == []
     p.deallocate(a, 800, stream=0)
 
 
 def test_growth_in_capture_does_not_double_the_pool():
     p = HostStreamOrderedPool()
-    a = p.allocate(800, stream=0)
-    _capture_rounds(p, 12, complete_between=False)  # fences never complete: no reuse
-    assert max(_grown(p)) == 64 << 20, [g >> 20 for g in _grown(p)]
+    a = p.allocate(256 << 20, stream=0)  # the whole pool, held
+    _capture_rounds(p, 12, complete_between=False)  # fences never complete
+    # Outside capture the pool would grow by half (128 MiB); a capture grows by 64 MiB at
+    # most, and reuses the untagged rests of earlier captures' chunks.
+    in_capture = [c[2] for c in p.upstream_calls if c[0] == "allocate" and c[3] != 0]
+    assert in_capture and set(in_capture) == {64 << 20}, [g >> 20 for g in in_capture]
+    assert len(in_capture) < 12
     assert p.violations == []
-    p.deallocate(a, 800, stream=0)
+    p.deallocate(a, 256 << 20, stream=0)

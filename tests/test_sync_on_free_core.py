@@ -594,6 +594,28 @@ def test_steady_state_pair_calls(nbytes, fences):
     assert h.pending_count == 0 and work_done_everywhere(h)
 
 
+@pytest.mark.parametrize("lag", [0, 3])
+def test_a_recording_free_tests_earlier_fences_before_its_record(lag):
+    # Every 64 MiB free fills max_batch_bytes and records a fence of its own, as one fence per
+    # free did. The free tests the fences of earlier frees before it records: the fence found
+    # complete goes back to the pool and is the one recorded, so the pairs keep the fences of
+    # the last lag + 1 pairs and no more (a test after the record keeps one more fence, and
+    # records each fence while the previous one of the stream is still unobserved).
+    h = HostSyncOnFree("deferred")
+    h.recycle_fences = True
+    h.run_pairs(64 << 20, 3 * 16, lag=lag)  # warm-up: the stream's identity, the fence pool
+    calls = h.run_pairs(64 << 20, 4 * 16, lag=lag)
+    per_pair = {k: calls[k] for k in ("acquire_fence", "record", "ready_complete", "release_fence")}
+    assert per_pair == dict.fromkeys(per_pair, 4 * 16), calls
+    # with fences pending, each free also finds the next fence pending; an allocate tests one
+    # call in max_batch_frees
+    tests_per_free = 1 if lag == 0 else 2
+    assert 4 * 16 * tests_per_free <= calls["ready"] <= 4 * (16 * tests_per_free + 1), calls
+    assert h.fence_count == lag + 1, (h.fence_count, calls)
+    h.flush()
+    assert h.pending_count == 0 and work_done_everywhere(h)
+
+
 # Fences pending in the steady state: none between calls (complete at record), the one recorded
 # in a call (complete from the next call), or those of the last `lag` pairs (a device that trails
 # the host: several batches pending at once).

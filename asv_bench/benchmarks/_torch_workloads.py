@@ -26,16 +26,12 @@ ALLOCATORS = {
     "torch_expandable": "PyTorch's caching allocator, expandable_segments:True",
     "rmm_async": "rmm_torch_allocator over rmm's CudaAsyncMemoryResource",
     "rmm_pool": "rmm_torch_allocator over rmm's PoolMemoryResource(cuda, 1 GiB initial)",
-    "fences_pool": "rmm_fences.allocators.torch over pool(cuda, 1 GiB initial, growth <= 256 MiB)",
-    "fences_tracker": (
-        "rmm_fences.allocators.torch over tracking(pool(cuda, 1 GiB initial, growth <= 256 MiB))"
-    ),
+    "fences_pool": "rmm_fences.allocators.torch over pool(cuda), the pool's own growth rule",
+    "fences_tracker": "rmm_fences.allocators.torch over tracking(pool(cuda))",
 }
 FENCES_SPECS = {
-    "fences_pool": "pool(cuda, initial_pool_size=1GiB, maximum_growth_size=256MiB)",
-    "fences_tracker": (
-        "tracking(pool(cuda, initial_pool_size=1GiB, maximum_growth_size=256MiB), on_hazard=record)"
-    ),
+    "fences_pool": "pool(cuda)",
+    "fences_tracker": "tracking(pool(cuda), on_hazard=record)",
 }
 MODELS = ("gpt2_small", "resnet50")
 PATTERNS = ("prefetch", "offload")

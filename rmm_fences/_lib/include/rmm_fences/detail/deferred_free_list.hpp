@@ -290,17 +290,14 @@ class deferred_free_list {
    *
    * Tests at most one not-ready fence per stream (a failed test counts as not ready), and each
    * shared fence once; unfenced entries are stepped over. The moved entries are settled: a
-   * fence whose last entry left goes back through `ops.release_fence`.
-   *
-   * `untested`: a fence the caller recorded in the very call, counted as not ready without a
-   * test (a device processes a record after the call that made it, so the test would find it
-   * pending); its entries stay for a later call.
+   * fence whose last entry left goes back through `ops.release_fence`. An owner that records
+   * fences calls it before its record: a fence recorded in the very call would be found pending
+   * (a device processes a record after the call that made it), and the fences found complete
+   * are back in the pool for the record.
    * @return the number of entries moved
    */
   template <typename Out>
-  std::size_t release_ready(FenceOps& ops,
-                            Out& out,
-                            std::optional<fence_type> const& untested = std::nullopt)
+  std::size_t release_ready(FenceOps& ops, Out& out)
   {
     if (fenced_count_ == 0) { return 0; }
     std::size_t moved = 0;
@@ -315,7 +312,7 @@ class deferred_free_list {
         }
         --left;
         if (it->slot != ready_slot) {
-          if (it->fence == untested || !ops.ready(*it->fence)) { break; }
+          if (!ops.ready(*it->fence)) { break; }
           ready_slot = it->slot;
         }
         out.push_back(*it);

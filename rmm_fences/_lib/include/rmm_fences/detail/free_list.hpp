@@ -90,13 +90,31 @@ class free_list {
    */
   block take_best_fit(std::size_t size, std::size_t alignment)
   {
+    return take_best_fit_if(size, alignment, SIZE_MAX, [](Tag const&) { return true; });
+  }
+
+  /**
+   * @brief Takes the smallest block that holds `size` bytes at `alignment` and whose tag
+   * `usable(tag)` accepts, looking at no more than `max_candidates` blocks that fit (in
+   * best-fit order: size, then address). Splits as `take_best_fit` does.
+   * @return the block, or a block with `ptr == nullptr` when none of those is usable
+   */
+  template <typename Usable>
+  block take_best_fit_if(std::size_t size,
+                         std::size_t alignment,
+                         std::size_t max_candidates,
+                         Usable&& usable)
+  {
     auto const slack = alignment > pool_granularity ? alignment - pool_granularity : 0;
-    for (auto it = by_size_.lower_bound({size, nullptr}); it != by_size_.end(); ++it) {
+    auto it          = by_size_.lower_bound({size, nullptr});
+    for (std::size_t seen = 0; it != by_size_.end() && seen < max_candidates; ++it) {
       if (it->first < size + slack &&
           aligned_end(it->second, alignment) + size > it->second + it->first) {
         continue;  // big enough only without the alignment padding
       }
-      return carve(by_addr_.find(it->second), size, alignment);
+      ++seen;
+      auto const found = by_addr_.find(it->second);
+      if (usable(std::as_const(found->second.tag))) { return carve(found, size, alignment); }
     }
     return {};
   }

@@ -144,7 +144,9 @@ struct free_result {
  *    thread holds a slot's mutex and the shared list's or the orphans' at once.
  *  - During capture of the calling stream: no fence is recorded and no stream wait enqueued;
  *    allocation uses the stream's cache, shared blocks that are untagged or whose fences a
- *    query finds complete, or upstream growth (by at most 64 MiB beyond the request).
+ *    query finds complete (when the best fit needs a wait, the first such block among the
+ *    next `capture_fit_candidates` that fit, in best-fit order), or upstream growth (by at
+ *    most 64 MiB beyond the request).
  */
 template <typename Platform, typename Upstream>
 class stream_ordered_pool_core {
@@ -183,6 +185,9 @@ class stream_ordered_pool_core {
   static constexpr std::size_t tag_prune_minimum = 16;
   /// Fences a stream remembers having waited on (forgetting costs only a repeated wait).
   static constexpr std::size_t waited_capacity = 64;
+  /// Shared blocks that fit a request looked at, in best-fit order, while the calling stream
+  /// is captured and the best fit needs a wait, for one that needs none.
+  static constexpr std::size_t capture_fit_candidates = 16;
   /// `for_each_free_block`'s owner of orphans (blocks only a device synchronization frees).
   static constexpr std::uint64_t orphan_owner = std::numeric_limits<std::uint64_t>::max();
 
@@ -1211,12 +1216,18 @@ class stream_ordered_pool_core {
       // query finds complete needs none. Without this, a freed block coalesced with tagged
       // neighbours is lost to every capture, and each capture on a new stream grows the pool.
       bool const capturing = platform_.is_capturing(stream);
+      bool cross_stream    = true;
       if (capturing ? !all_complete(waits) : !enqueue_waits(slot, stream, waits)) {
-        std::lock_guard<std::mutex> lock(shared_mutex_);
-        shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
-        return nullptr;
+        {
+          std::lock_guard<std::mutex> lock(shared_mutex_);
+          shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
+        }
+        if (!capturing) { return nullptr; }
+        // The capture cannot wait for the best fit: a block further on may need no wait.
+        b = take_shared_needing_no_wait(slot, size, align, cross_stream);
+        if (b.ptr == nullptr) { return nullptr; }
       }
-      cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed);
+      if (cross_stream) { cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed); }
     }
     // Only its own fence guards the block: it takes back bytes it fenced that nobody took.
     bool const own_only = !b.tag.needs.empty() &&
@@ -1245,6 +1256,48 @@ class stream_ordered_pool_core {
       waits.begin(), waits.end(), [](auto const& w) { return w.first->complete(w.second); });
   }
 
+  /**
+   * @brief For a capture whose best fit needs a wait: the first shared block, among the
+   * `capture_fit_candidates` best fits (that one included), that needs none (each fence it
+   * carries is the stream's own, waited on already, or found complete by a query; no wait can
+   * be enqueued in capture). `cross_stream` tells whether it needed another stream's fence.
+   */
+  typename free_list<fence_tag>::block take_shared_needing_no_wait(slot_type& slot,
+                                                                   std::size_t size,
+                                                                   std::size_t align,
+                                                                   bool& cross_stream)
+  {
+    std::unordered_map<std::uint64_t, std::uint64_t> waited;
+    {
+      std::lock_guard<spin_mutex> lock(slot.mutex);  // not held with the shared list's
+      waited = slot.waited;
+    }
+    [[maybe_unused]] auto relaxed = platform_.relax();  // queries are allowed in relaxed mode
+    std::lock_guard<std::mutex> lock(shared_mutex_);    // shared -> fence
+    return shared_.take_best_fit_if(size, align, capture_fit_candidates, [&](fence_tag const& tag) {
+      bool queried = false;
+      for (auto const& [cell, number] : tag.needs) {
+        if (ordered_for(slot, waited, cell, number)) { continue; }
+        if (!cell->complete(number)) { return false; }
+        queried = true;
+      }
+      cross_stream = queried;
+      return true;
+    });
+  }
+
+  /// True when `slot`'s stream needs no wait for record `number` of `cell`: its own fence, or
+  /// one it waited on at that record or a later one (`waited`: the slot's, or a copy).
+  static bool ordered_for(slot_type const& slot,
+                          std::unordered_map<std::uint64_t, std::uint64_t> const& waited,
+                          cell_ptr const& cell,
+                          std::uint64_t number) noexcept
+  {
+    if (!cell || cell == slot.cell) { return true; }
+    auto it = waited.find(cell->serial);
+    return it != waited.end() && it->second >= number;
+  }
+
   /// The (fence, record number) pairs of `tag` that `slot`'s stream has not waited on yet.
   std::vector<std::pair<cell_ptr, std::uint64_t>> needed_waits(slot_type& slot,
                                                                fence_tag const& tag)
@@ -1252,10 +1305,7 @@ class stream_ordered_pool_core {
     std::vector<std::pair<cell_ptr, std::uint64_t>> out;
     std::lock_guard<spin_mutex> lock(slot.mutex);
     for (auto const& [cell, number] : tag.needs) {
-      if (!cell || cell == slot.cell) { continue; }
-      auto it = slot.waited.find(cell->serial);
-      if (it != slot.waited.end() && it->second >= number) { continue; }
-      out.emplace_back(cell, number);
+      if (!ordered_for(slot, slot.waited, cell, number)) { out.emplace_back(cell, number); }
     }
     return out;
   }

@@ -75,8 +75,9 @@ struct batch_limits {
  * is parked. In device and stream mode a failed synchronization falls back to the deferred rule
  * with the fence recorded at once; when not even a fence can be recorded the block is parked.
  * Fences are tested without blocking on one call in `max_frees` and by the free that records a
- * batch (never the fence recorded in that call: the device has not processed it yet, so the
- * test would be in vain); above `max_pending_bytes` the oldest fences are waited on; on
+ * batch, before its record (the fence recorded in that call is never tested in it: the device
+ * has not processed it yet; and a fence found complete is back in the pool for the record);
+ * above `max_pending_bytes` the oldest fences are waited on; on
  * out-of-memory every fence is waited on (and unfenced blocks go if the device synchronizes) and
  * the allocation retried once.
  *
@@ -464,6 +465,12 @@ class sync_on_free_core {
       if (!record) {
         ++deferred_;
         if (poll_due()) { list_.release_ready(platform_, ready); }
+      } else {
+        // Before the record: the fences of earlier calls go back to the pool first (the one
+        // found complete is the one recorded next), and the record never precedes the test
+        // of the stream's previous fence. The fence recorded in this call is not tested in it:
+        // a device processes a record after the call that made it.
+        list_.release_ready(platform_, ready);
       }
       list_changed(/*peak=*/!over_cap);
     } catch (...) {
@@ -475,7 +482,7 @@ class sync_on_free_core {
     }
     if (record) {
       buffer oldest{&spill_};
-      fence_listed(stream, key, own, before, verify, rule, ready, &oldest, &ready);
+      fence_listed(stream, key, own, before, verify, rule, ready, &oldest);
       settle_oldest(oldest);
       release(oldest, stream);
     }
@@ -489,9 +496,9 @@ class sync_on_free_core {
    * `rule` applies.
    *
    * With `oldest`, blocks over the cap are taken out (oldest fences first) for the caller to
-   * wait on; with `ready`, blocks whose fence completed are taken out, except those of the
-   * fence just recorded (a device processes a record after the call that made it: a test now
-   * would find it pending; a later call tests it). The block `own_seq` counts as deferred
+   * wait on. No fence is tested here: the caller tests those of earlier calls before the
+   * record, and the fence just recorded would be pending (a device processes a record after
+   * the call that made it; a later call tests it). The block `own_seq` counts as deferred
    * unless the stream was synchronized for it or it was parked.
    */
   void fence_listed(stream_type stream,
@@ -501,8 +508,7 @@ class sync_on_free_core {
                     bool verify,
                     no_fence_rule rule,
                     buffer& synced,
-                    buffer* oldest,
-                    buffer* ready) noexcept
+                    buffer* oldest) noexcept
   {
     auto const id  = verify ? platform_.stream_id(stream) : unknown_stream;
     auto fence     = record_fence(stream);
@@ -519,14 +525,9 @@ class sync_on_free_core {
       std::lock_guard<std::mutex> lock(mutex_);
       note_id(key, id);
       bool own_blocked = false;  // the stream was synchronized for it, or it was parked
-      std::optional<fence_type> recorded_now;  // not tested in this call: it would be pending
       if (fence.has_value()) {
         // arm throws (no host memory) before changing anything: the fence goes back below
-        if (list_.arm(key, id, own_seq, before, *fence) == 0) {
-          platform_.release_fence(*fence);
-        } else {
-          recorded_now = fence;
-        }
+        if (list_.arm(key, id, own_seq, before, *fence) == 0) { platform_.release_fence(*fence); }
         fence.reset();
       } else if (synced_ok) {
         own_blocked = list_.take_synced(key, id, own_seq, before, synced);
@@ -540,7 +541,6 @@ class sync_on_free_core {
           list_.pending_bytes() > *max_pending_bytes_) {
         list_.take_oldest_until(*max_pending_bytes_, *oldest);
       }
-      if (ready != nullptr) { list_.release_ready(platform_, *ready, recorded_now); }
       list_changed();
     } catch (...) {
       // No host memory (for the fence's reference count, or the buffers): what was not done
@@ -563,7 +563,7 @@ class sync_on_free_core {
     }
     buffer none{&spill_};
     fence_listed(
-      stream, key, no_entry, before, /*verify=*/true, no_fence_rule::keep, none, nullptr, nullptr);
+      stream, key, no_entry, before, /*verify=*/true, no_fence_rule::keep, none, nullptr);
   }
 
   /// A fence recorded on `stream` now, or empty when none could be had or recorded.
@@ -718,7 +718,6 @@ class sync_on_free_core {
                    /*verify=*/true,
                    no_fence_rule::keep,
                    none,
-                   nullptr,
                    nullptr);
     }
     release(ready, stream);
