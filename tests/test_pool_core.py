@@ -408,6 +408,35 @@ def test_a_big_request_grows_a_large_pool_by_its_own_size():
     assert chunks[-1] == 100 << 20 and sum(chunks[:-1]) == 324 << 20, chunks
 
 
+def test_a_large_pool_grows_by_at_most_512_mib_beyond_the_request():
+    # 60 MiB requests: below 1/8 of the pool from 480 MiB on, so the pool grows by half,
+    # but never by more than 512 MiB (the last growth's unused part); 2.4 GB live
+    requests = [60 << 20] * 40
+    chunks = grown_chunks(None, requests)
+    assert max(chunks) == 512 << 20, [c >> 20 for c in chunks]
+    assert sum(chunks) - sum(requests) < 512 << 20, [c >> 20 for c in chunks]
+
+
+def test_a_small_request_takes_a_tight_shared_block_before_splitting_a_big_cached_one():
+    # One stream: its 64 MiB block freed (in its cache), and a 1 MiB block left in the shared
+    # list. A 1 MiB request takes the shared one; the 64 MiB block stays whole for the next
+    # 64 MiB request, which needs no growth. Splitting the cached block (its own frees first)
+    # grew the pool by 64 MiB: GPT-2's training steps held 2.3x their peak live bytes so.
+    mib = 1 << 20
+    p = HostStreamOrderedPool(initial_pool_size=256 * mib)
+    a = p.allocate(64 * mib, stream=1)
+    b = p.allocate(191 * mib, stream=1)  # 1 MiB of the chunk left in the shared list
+    p.deallocate(a, 64 * mib, stream=1)
+    c = p.allocate(mib, stream=1)
+    assert not a <= c < a + 64 * mib, "the 1 MiB request split the cached 64 MiB block"
+    d = p.allocate(64 * mib, stream=1)
+    assert d == a
+    assert [size for kind, _, size, _, _ in p.upstream_calls if kind == "allocate"] == [256 * mib]
+    for ptr, n in ((b, 191 * mib), (c, mib), (d, 64 * mib)):
+        p.deallocate(ptr, n, stream=1)
+    assert p.violations == []
+
+
 def test_a_bounded_pool_takes_all_its_room_rather_than_strand_a_remainder():
     # 16 MiB at most: 12 MiB first. A 12 MiB chunk would leave 4 MiB of room, less than it
     # took; a 12 MiB chunk and a 4 MiB one can never serve 16 MiB, which fits the bound.

@@ -234,21 +234,7 @@ def test_trace_is_balanced():
     assert {a[:2] for a in allocs - frees} == {"p_", "m_", "v_"}
 
 
-@pytest.mark.parametrize(
-    "steps",
-    [
-        2,
-        pytest.param(
-            8,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="1.27x: from the third step a 1.57 GB block finds the free bytes split "
-                "(small blocks placed in the big blocks' holes) and takes one more chunk; "
-                "size segregation would be needed",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("steps", [2, 8])
 def test_transformer_step_footprint(steps):
     """The pool holds at most 1.25x the peak live bytes of a GPT-2-small training step."""
     events = transformer_step_trace(steps=steps)

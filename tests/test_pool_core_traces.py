@@ -7,7 +7,9 @@ On the GPU the replay runs each recorded thread on its own thread, so the interl
 the footprint) there can differ from this one. The footprint is what the pool holds from the
 upstream at the end (it never gives chunks back during a replay); it is compared with the
 trace's peak of live bytes and with rmm's ``PoolMemoryResource`` (``initial_pool_size=0``) on
-the H200 replay of the same log (``docs/data/replay``).
+the H200 replay of the same log (``docs/data/replay``), and for the training benchmark's
+steps with what PyTorch's caching allocator reserved for them on the H200
+(``docs/data/torch/training.json``).
 """
 
 import json
@@ -21,18 +23,24 @@ from rmm_fences_testing import HostStreamOrderedPool
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRACES = ROOT / "asv_bench" / "traces"
-GPU_REPLAY = ROOT / "docs" / "data" / "replay" / "replay_2026-12-01_dc80ca5.jsonl"
+GPU_REPLAYS = ROOT / "docs" / "data" / "replay"
+TRAINING = ROOT / "docs" / "data" / "torch" / "training.json"
 MIB = 1 << 20
 NAMES = sorted(p.name[: -len(".csv.gz")] for p in TRACES.glob("*.csv.gz"))
 
 
 def rmm_pool_footprint(name):
-    """rmm's pool's footprint (bytes) on the H200 replay of ``name``."""
-    for line in GPU_REPLAY.read_text().splitlines():
-        row = json.loads(line)
-        if row["trace"] == name and row["chain"] == "rmm_pool":
-            return row["footprint_mib"] * MIB
-    raise LookupError(f"no rmm_pool row for {name} in {GPU_REPLAY}")
+    """rmm's pool's footprint (bytes) on the H200 replay of ``name`` (the last replay file, by
+    name, that replayed it)."""
+    found = None
+    for path in sorted(GPU_REPLAYS.glob("replay_*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row["trace"] == name and row["chain"] == "rmm_pool":
+                found = row["footprint_mib"] * MIB
+    if found is None:
+        raise LookupError(f"no rmm_pool row for {name} in {GPU_REPLAYS}")
+    return found
 
 
 def replay_on_host(name):
@@ -63,6 +71,28 @@ def test_gpt2_training_steps_hold_little_more_than_their_peak():
     assert held <= 1.10 * peak, f"{held / MIB:.0f} MiB held for {peak / MIB:.0f} MiB peak live"
 
 
+def torch_reserved(model):
+    """Bytes PyTorch's caching allocator reserved at most (``max_memory_reserved``) in the
+    training benchmark of ``model`` on the H200."""
+    rows = json.loads(TRAINING.read_text())
+    return max(
+        r["torch_max_reserved"] for r in rows if r["model"] == model and r["allocator"] == "torch"
+    )
+
+
+@pytest.mark.parametrize("model", ["gpt2_small", "resnet50"])
+def test_training_steps_hold_at_most_1_10x_what_pytorch_reserved(model):
+    """The training benchmark's 13 steps (batch 8 / 128): the pool holds at most 1.10x what
+    PyTorch's allocator reserved for them. The pool's own frees split before a tighter shared
+    block (GPT-2: 2.32x) and growth by half a large pool (ResNet-50: 1.37x) missed it."""
+    held, peak, grown = replay_on_host(f"torch_{model}_train")
+    reserved = torch_reserved(model)
+    assert held <= 1.10 * reserved, (
+        f"{held / MIB:.0f} MiB held, PyTorch reserved {reserved / MIB:.0f} MiB, "
+        f"peak live {peak / MIB:.0f} MiB"
+    )
+
+
 def test_a_small_workload_takes_no_64_mib_chunk():
     """The CUB temp-storage loop at 1M floats (12 MiB live at most) holds no more than rmm's
     pool did (a first chunk of 64 MiB held 4x that)."""
@@ -73,11 +103,12 @@ def test_a_small_workload_takes_no_64_mib_chunk():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_footprint_within_rmm_pool_s(name):
-    """Every trace: at most 1.10x what rmm's pool held on the H200, in at most 24 growths."""
+    """Every trace: at most 1.10x what rmm's pool held on the H200, in at most 16 growths
+    plus one per 512 MiB held (a growth adds at most 512 MiB beyond its request)."""
     held, peak, grown = replay_on_host(name)
     rmm = rmm_pool_footprint(name)
     assert held <= 1.10 * rmm, (
         f"{name}: {held / MIB:.0f} MiB held, rmm's pool {rmm / MIB:.0f} MiB, peak live "
         f"{peak / MIB:.0f} MiB"
     )
-    assert grown <= 24, f"{name}: {grown} upstream allocations"
+    assert grown <= 16 + held // (512 * MIB), f"{name}: {grown} upstream allocations"

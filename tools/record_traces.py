@@ -175,6 +175,8 @@ def torch_steps(model: str, steps: int, batch: int) -> dict:
 
     torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
 
+    torch.backends.cudnn.benchmark = False  # as the training benchmark runs
+    torch.backends.cudnn.deterministic = True
     torch.manual_seed(0)
     net, loss_of, batch = workloads.model_and_loss(model, batch)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
@@ -221,6 +223,16 @@ WORKLOADS = {
     "torch_resnet50": (
         "2 training steps of the ResNet-50-shaped model, batch 32, through rmm_torch_allocator",
         lambda log, up: torch_steps("resnet50", 2, 32),
+    ),
+    "torch_gpt2_small_train": (
+        "13 training steps of the GPT-2-small-shaped model, batch 8 (the training benchmark's "
+        "3 warm-up and 10 timed steps), through rmm_torch_allocator",
+        lambda log, up: torch_steps("gpt2_small", 13, 8),
+    ),
+    "torch_resnet50_train": (
+        "13 training steps of the ResNet-50-shaped model, batch 128 (the training benchmark's "
+        "3 warm-up and 10 timed steps), through rmm_torch_allocator",
+        lambda log, up: torch_steps("resnet50", 13, 128),
     ),
 }
 

@@ -507,7 +507,9 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
         a growth takes the larger of the request and ``min(pool_size(), maximum_growth_size)``.
         ``None`` (default): chunks of whole 2 MiB; the pool doubles below 64 MiB, as rmm's
         pool does, then a request of at least 1/8 of the pool gets a chunk of its own size
-        and a smaller one grows the pool by half. A bound limits each growth of a large pool,
+        and a smaller one grows the pool by half, by at most 512 MiB beyond the request; a
+        small request takes a tight free block before splitting a big one its stream freed.
+        A bound limits each growth of a large pool,
         at the cost of more chunks (a block never spans two, so a fragmented pool may grow
         more).
 

@@ -88,30 +88,49 @@ class free_list {
    * `alignment` a power of two.
    * @return the block, or a block with `ptr == nullptr` when none fits
    */
-  block take_best_fit(std::size_t size, std::size_t alignment)
+  block take_best_fit(std::size_t size, std::size_t alignment, std::size_t below = SIZE_MAX)
   {
-    return take_best_fit_if(size, alignment, SIZE_MAX, [](Tag const&) { return true; });
+    return take_best_fit_if(size, alignment, SIZE_MAX, [](Tag const&) { return true; }, below);
+  }
+
+  /**
+   * @brief Takes the best fit as `take_best_fit` does when it is at most `max_size` bytes.
+   *
+   * @param fit set to the best fit's size, taken or not (0 when no block fits)
+   */
+  block take_best_fit_within(std::size_t size,
+                             std::size_t alignment,
+                             std::size_t max_size,
+                             std::size_t& fit)
+  {
+    fit = 0;
+    for (auto it = by_size_.lower_bound({size, nullptr}); it != by_size_.end(); ++it) {
+      if (!fits(*it, size, alignment)) { continue; }
+      fit = it->first;
+      if (fit > max_size) { return {}; }
+      return carve(by_addr_.find(it->second), size, alignment);
+    }
+    return {};
   }
 
   /**
    * @brief Takes the smallest block that holds `size` bytes at `alignment` and whose tag
    * `usable(tag)` accepts, looking at no more than `max_candidates` blocks that fit (in
-   * best-fit order: size, then address). Splits as `take_best_fit` does.
+   * best-fit order: size, then address) and at none of `below` bytes or more. Splits as
+   * `take_best_fit` does.
    * @return the block, or a block with `ptr == nullptr` when none of those is usable
    */
   template <typename Usable>
   block take_best_fit_if(std::size_t size,
                          std::size_t alignment,
                          std::size_t max_candidates,
-                         Usable&& usable)
+                         Usable&& usable,
+                         std::size_t below = SIZE_MAX)
   {
-    auto const slack = alignment > pool_granularity ? alignment - pool_granularity : 0;
-    auto it          = by_size_.lower_bound({size, nullptr});
-    for (std::size_t seen = 0; it != by_size_.end() && seen < max_candidates; ++it) {
-      if (it->first < size + slack &&
-          aligned_end(it->second, alignment) + size > it->second + it->first) {
-        continue;  // big enough only without the alignment padding
-      }
+    auto it = by_size_.lower_bound({size, nullptr});
+    for (std::size_t seen = 0; it != by_size_.end() && it->first < below && seen < max_candidates;
+         ++it) {
+      if (!fits(*it, size, alignment)) { continue; }  // big enough only without the padding
       ++seen;
       auto const found = by_addr_.find(it->second);
       if (usable(std::as_const(found->second.tag))) { return carve(found, size, alignment); }
@@ -166,6 +185,16 @@ class free_list {
   {
     auto const a = reinterpret_cast<std::uintptr_t>(p);
     return reinterpret_cast<char*>((a + alignment - 1) / alignment * alignment);
+  }
+
+  /// True when the listed block `entry` (size, address) holds `size` bytes at `alignment`.
+  static bool fits(std::pair<std::size_t, char*> const& entry,
+                   std::size_t size,
+                   std::size_t alignment) noexcept
+  {
+    auto const slack = alignment > pool_granularity ? alignment - pool_granularity : 0;
+    return entry.first >= size + slack ||
+           aligned_end(entry.second, alignment) + size <= entry.second + entry.first;
   }
 
   void erase(typename addr_map::iterator it)

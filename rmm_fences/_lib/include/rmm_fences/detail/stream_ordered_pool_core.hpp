@@ -171,8 +171,14 @@ class stream_ordered_pool_core {
   static constexpr std::size_t growth_granularity = std::size_t{2} << 20;
   /// A growth adds the larger of the request and 1/this of the pool (the pool grows by half).
   static constexpr std::size_t growth_divisor = 2;
+  /// The most a growth adds beyond the request without `maximum_growth_size` (the pool
+  /// grows by half up to this): the part of the last growth that may stay unused.
+  static constexpr std::size_t default_growth_limit = std::size_t{512} << 20;
   /// A request of at least 1/this of the pool grows it by the request alone.
   static constexpr std::size_t big_request_fraction = 8;
+  /// A cached block is a loose fit when splitting it would leave more than the request and
+  /// more than this: a tighter shared block is taken first (keeping big blocks whole).
+  static constexpr std::size_t loose_rest = std::size_t{1} << 20;
   /// Largest alignment accepted.
   static constexpr std::size_t max_alignment = std::size_t{1} << 30;
   /// Requests above this raise out-of-memory at once (no upstream holds half the address
@@ -289,9 +295,10 @@ class stream_ordered_pool_core {
   [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment)
   {
     if (!valid_request(bytes, alignment)) { reject_request(bytes, alignment); }
-    auto const size     = round_to_granule(bytes);
-    auto const align    = std::max(alignment, pool_granularity);
-    slot_type* slot_ptr = nullptr;
+    auto const size       = round_to_granule(bytes);
+    auto const align      = std::max(alignment, pool_granularity);
+    slot_type* slot_ptr   = nullptr;
+    std::size_t loose_fit = 0;  // the cache's best fit, when it is loose (and not taken)
     for (bool refresh = false;; refresh = true) {
       auto const ref = lookup(stream, refresh);
       if (ref.slot == nullptr) {
@@ -299,7 +306,7 @@ class stream_ordered_pool_core {
           "StreamOrderedPoolMemoryResource: stream belongs to another device than the pool's");
       }
       bool stale = false;
-      void* ptr  = from_cache(ref, bytes, size, align, /*pin_on_miss=*/true, stale);
+      void* ptr  = from_cache(ref, bytes, size, align, /*pin_on_miss=*/true, stale, &loose_fit);
       if (ptr != nullptr) { return ptr; }
       if (!stale) {
         slot_ptr = ref.slot;
@@ -308,6 +315,17 @@ class stream_ordered_pool_core {
     }
     auto& slot = *slot_ptr;
     pin_guard const pinned{slot};  // from_cache pinned it on the miss
+    if (loose_fit != 0) {
+      // The cache holds only a loose fit: a tighter shared block keeps the big one whole
+      // (a stream that carved its small requests out of the big blocks it freed left no
+      // room for the next big request, and the pool grew).
+      if (void* ptr = take_shared(slot, stream, bytes, size, align, loose_fit); ptr != nullptr) {
+        return ptr;
+      }
+      if (void* ptr = take_cached_best_fit(slot, bytes, size, align); ptr != nullptr) {
+        return ptr;
+      }
+    }
     if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     request_fences(slot);
     bool const capturing = platform_.is_capturing(stream);
@@ -1060,7 +1078,8 @@ class stream_ordered_pool_core {
                    std::size_t size,
                    std::size_t align,
                    bool pin_on_miss,
-                   bool& stale)
+                   bool& stale,
+                   std::size_t* loose_fit = nullptr)
   {
     auto& slot = *ref.slot;
     std::lock_guard<spin_mutex> lock(slot.mutex);
@@ -1071,17 +1090,38 @@ class stream_ordered_pool_core {
     ++slot.uses;
     char* ptr = take_recent(slot, size, align);
     if (ptr == nullptr) {
-      auto b = slot.cache.take_best_fit(size, align);
-      if (b.ptr == nullptr && slot.recent_count > 0) {
+      // A loose fit is left to the caller, who looks for a tighter shared block first.
+      auto const tight = loose_fit == nullptr ? SIZE_MAX : size + std::max(size, loose_rest);
+      std::size_t fit  = 0;
+      ptr              = slot.cache.take_best_fit_within(size, align, tight, fit).ptr;
+      if (fit == 0 && slot.recent_count > 0) {
         flush_recent(slot);
-        b = slot.cache.take_best_fit(size, align);
+        ptr = slot.cache.take_best_fit_within(size, align, tight, fit).ptr;
       }
-      ptr = b.ptr;
+      if (ptr == nullptr && fit != 0 && loose_fit != nullptr) { *loose_fit = fit; }
     }
     if (ptr == nullptr) {
       if (pin_on_miss) { ++slot.pins; }
       return nullptr;
     }
+    return hand_out_cached(slot, ptr, bytes, size);
+  }
+
+  /// Takes the best fit of `slot`'s cache (whatever its size) for a caller that holds a pin.
+  void* take_cached_best_fit(slot_type& slot,
+                             std::size_t bytes,
+                             std::size_t size,
+                             std::size_t align)
+  {
+    std::lock_guard<spin_mutex> lock(slot.mutex);
+    flush_recent(slot);
+    char* ptr = slot.cache.take_best_fit(size, align).ptr;
+    return ptr == nullptr ? nullptr : hand_out_cached(slot, ptr, bytes, size);
+  }
+
+  /// Hands out `ptr` (`size` bytes taken from `slot`'s cache; caller holds slot.mutex).
+  void* hand_out_cached(slot_type& slot, char* ptr, std::size_t bytes, std::size_t size)
+  {
     try {
       track(slot, ptr, bytes);
     } catch (...) {
@@ -1201,13 +1241,17 @@ class stream_ordered_pool_core {
 
   /// Takes a block from the shared list for `slot`'s stream (pinned), enqueuing the fence
   /// waits it needs.
-  void* take_shared(
-    slot_type& slot, stream_type stream, std::size_t bytes, std::size_t size, std::size_t align)
+  void* take_shared(slot_type& slot,
+                    stream_type stream,
+                    std::size_t bytes,
+                    std::size_t size,
+                    std::size_t align,
+                    std::size_t below = SIZE_MAX)
   {
     typename free_list<fence_tag>::block b;
     {
       std::lock_guard<std::mutex> lock(shared_mutex_);
-      b = shared_.take_best_fit(size, align);
+      b = shared_.take_best_fit(size, align, below);
     }
     if (b.ptr == nullptr) { return nullptr; }
     auto waits = needed_waits(slot, b.tag);
@@ -1224,7 +1268,7 @@ class stream_ordered_pool_core {
         }
         if (!capturing) { return nullptr; }
         // The capture cannot wait for the best fit: a block further on may need no wait.
-        b = take_shared_needing_no_wait(slot, size, align, cross_stream);
+        b = take_shared_needing_no_wait(slot, size, align, below, cross_stream);
         if (b.ptr == nullptr) { return nullptr; }
       }
       if (cross_stream) { cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed); }
@@ -1262,10 +1306,8 @@ class stream_ordered_pool_core {
    * carries is the stream's own, waited on already, or found complete by a query; no wait can
    * be enqueued in capture). `cross_stream` tells whether it needed another stream's fence.
    */
-  typename free_list<fence_tag>::block take_shared_needing_no_wait(slot_type& slot,
-                                                                   std::size_t size,
-                                                                   std::size_t align,
-                                                                   bool& cross_stream)
+  typename free_list<fence_tag>::block take_shared_needing_no_wait(
+    slot_type& slot, std::size_t size, std::size_t align, std::size_t below, bool& cross_stream)
   {
     std::unordered_map<std::uint64_t, std::uint64_t> waited;
     {
@@ -1274,16 +1316,21 @@ class stream_ordered_pool_core {
     }
     [[maybe_unused]] auto relaxed = platform_.relax();  // queries are allowed in relaxed mode
     std::lock_guard<std::mutex> lock(shared_mutex_);    // shared -> fence
-    return shared_.take_best_fit_if(size, align, capture_fit_candidates, [&](fence_tag const& tag) {
-      bool queried = false;
-      for (auto const& [cell, number] : tag.needs) {
-        if (ordered_for(slot, waited, cell, number)) { continue; }
-        if (!cell->complete(number)) { return false; }
-        queried = true;
-      }
-      cross_stream = queried;
-      return true;
-    });
+    return shared_.take_best_fit_if(
+      size,
+      align,
+      capture_fit_candidates,
+      [&](fence_tag const& tag) {
+        bool queried = false;
+        for (auto const& [cell, number] : tag.needs) {
+          if (ordered_for(slot, waited, cell, number)) { continue; }
+          if (!cell->complete(number)) { return false; }
+          queried = true;
+        }
+        cross_stream = queried;
+        return true;
+      },
+      below);
   }
 
   /// True when `slot`'s stream needs no wait for record `number` of `cell`: its own fence, or
@@ -1360,8 +1407,9 @@ class stream_ordered_pool_core {
    * `small_pool_bytes` the pool doubles, from the first request (rmm's pool's rule). From
    * there, a request of at least 1/`big_request_fraction` of the pool gets a chunk of its own
    * size (a training step's logits: doubling a large pool for one block held about the pool's
-   * size again); a smaller one grows the pool by half (the last growth leaves at most a third
-   * of the pool unused, where doubling leaves half). With `maximum_growth_size` the chunk is
+   * size again); a smaller one grows the pool by half, by at most `default_growth_limit` (the
+   * last growth leaves at most a third of the pool, and at most 512 MiB, unused, where
+   * doubling leaves half). With `maximum_growth_size` the chunk is
    * the larger of the request and min(pool size or `small_pool_bytes` at first,
    * maximum_growth_size). In capture the growth beyond the request is at most
    * `small_pool_bytes`. With `maximum_pool_size`, a growth that would leave less room than it
@@ -1394,9 +1442,10 @@ class stream_ordered_pool_core {
     } else {
       // Doubling below small_pool_bytes (rmm's pool's rule), then a big request alone, else
       // half the pool.
-      auto const rule = held < small_pool_bytes               ? held
-                        : need >= held / big_request_fraction ? 0
-                                                              : held / growth_divisor;
+      auto const rule = held < small_pool_bytes ? held
+                        : need >= held / big_request_fraction
+                          ? 0
+                          : std::min(held / growth_divisor, default_growth_limit);
       step =
         (std::max(need, rule) + growth_granularity - 1) / growth_granularity * growth_granularity;
     }
