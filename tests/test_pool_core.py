@@ -417,17 +417,19 @@ def test_a_large_pool_grows_by_at_most_512_mib_beyond_the_request():
     assert sum(chunks) - sum(requests) < 512 << 20, [c >> 20 for c in chunks]
 
 
-def test_a_small_request_takes_a_tight_shared_block_before_splitting_a_big_cached_one():
+@pytest.mark.parametrize("path", ["allocate", "allocate_cached_first"])
+def test_a_small_request_takes_a_tight_shared_block_before_splitting_a_big_cached_one(path):
     # One stream: its 64 MiB block freed (in its cache), and a 1 MiB block left in the shared
     # list. A 1 MiB request takes the shared one; the 64 MiB block stays whole for the next
     # 64 MiB request, which needs no growth. Splitting the cached block (its own frees first)
     # grew the pool by 64 MiB: GPT-2's training steps held 2.3x their peak live bytes so.
+    # "allocate_cached_first" is the Python resource's path (the same-stream path alone first).
     mib = 1 << 20
     p = HostStreamOrderedPool(initial_pool_size=256 * mib)
     a = p.allocate(64 * mib, stream=1)
     b = p.allocate(191 * mib, stream=1)  # 1 MiB of the chunk left in the shared list
     p.deallocate(a, 64 * mib, stream=1)
-    c = p.allocate(mib, stream=1)
+    c = getattr(p, path)(mib, stream=1)
     assert not a <= c < a + 64 * mib, "the 1 MiB request split the cached 64 MiB block"
     d = p.allocate(64 * mib, stream=1)
     assert d == a

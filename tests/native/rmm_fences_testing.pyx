@@ -462,6 +462,7 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
     cdef cppclass host_pool:
         host_pool(size_t, optional[size_t], size_t, optional[size_t]) except +
         void* allocate(uint64_t, size_t, size_t) except +
+        void* allocate_cached_first(uint64_t, size_t, size_t) except +
         int deallocate(uint64_t, void*, size_t, size_t*) except +
         void deallocate_unchecked(uint64_t, void*, size_t) except +
         void retire(uint64_t) except +
@@ -608,6 +609,11 @@ cdef class HostStreamOrderedPool:
 
     def allocate(self, size_t nbytes, uint64_t stream=0, size_t alignment=256) -> int:
         return <uintptr_t>deref(self.c_obj).allocate(stream, nbytes, alignment)
+
+    def allocate_cached_first(self, size_t nbytes, uint64_t stream=0,
+                              size_t alignment=256) -> int:
+        """The Python resource's ``allocate``: the same-stream path alone, then the rest."""
+        return <uintptr_t>deref(self.c_obj).allocate_cached_first(stream, nbytes, alignment)
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, uint64_t stream=0) -> None:
         cdef size_t allocated = 0

@@ -438,6 +438,16 @@ class host_pool {
     return p;
   }
 
+  /// The Python resource's path: the same-stream path alone first, then `allocate`.
+  void* allocate_cached_first(std::uint64_t stream, std::size_t bytes, std::size_t alignment)
+  {
+    log_->tick();
+    void* p = core_.try_allocate_cached(stream, bytes, alignment);
+    if (p == nullptr) { p = core_.allocate(stream, bytes, alignment); }
+    log_->claim(p, bytes, rmm_fences::mr::detail::round_to_granule(bytes), stream);
+    return p;
+  }
+
   /// The checked free: 0 done, 1 not a live block, 2 size mismatch (`allocated` set).
   int deallocate(std::uint64_t stream, void* p, std::size_t bytes, std::size_t* allocated)
   {

@@ -265,7 +265,8 @@ class stream_ordered_pool_core {
    * @brief The same-stream path alone: a block freed earlier on `stream`, or nullptr.
    *
    * Makes no CUDA call but the stream identity query (for a stream seen first: its device, and
-   * fence queries of a sweep of idle slots), never blocks, never grows the pool.
+   * fence queries of a sweep of idle slots), never blocks, never grows the pool. A loose fit
+   * (`loose_rest`) is left to `allocate`, which looks for a tighter shared block first.
    */
   [[nodiscard]] void* try_allocate_cached(stream_type stream,
                                           std::size_t bytes,
@@ -277,8 +278,9 @@ class stream_ordered_pool_core {
     for (bool const refresh : {false, true}) {
       auto const ref = lookup(stream, refresh);
       if (ref.slot == nullptr) { return nullptr; }
-      bool stale = false;
-      void* ptr  = from_cache(ref, bytes, size, align, /*pin_on_miss=*/false, stale);
+      bool stale            = false;
+      std::size_t loose_fit = 0;
+      void* ptr = from_cache(ref, bytes, size, align, /*pin_on_miss=*/false, stale, &loose_fit);
       if (!stale) { return ptr; }
     }
     return nullptr;
