@@ -43,6 +43,17 @@ for mode_name in ("global", "thread_local", "relaxed"):
 # Queries of a stream that is NOT capturing, made while a global-mode capture is under way on
 # another stream, in another thread or in this one: does the query fail, and does the capture
 # survive? (The pool wraps cuStreamGetId in a relaxed-mode exchange for this case.)
+def status_and_end(s):
+    """The capture status of ``s``, then how ending its capture went."""
+    out = {"status": status(s)}
+    try:
+        s.end_capture()
+        out["end"] = "ok"
+    except Exception as exc:
+        out["end"] = type(exc).__name__
+    return out
+
+
 def other_stream_query(where, query, relax):
     import threading
 
@@ -55,12 +66,7 @@ def other_stream_query(where, query, relax):
             victim.begin_capture(mode=cupy.cuda.runtime.streamCaptureModeGlobal)
             began.set()
             done.wait()
-            result["status"] = status(victim)
-            try:
-                victim.end_capture()
-                result["end"] = "ok"
-            except Exception as exc:
-                result["end"] = type(exc).__name__
+            result.update(status_and_end(victim))
 
     def ask():
         prev = None
@@ -86,12 +92,7 @@ def other_stream_query(where, query, relax):
     else:  # this thread captures and queries
         victim.begin_capture(mode=cupy.cuda.runtime.streamCaptureModeGlobal)
         err = ask()
-        result["status"] = status(victim)
-        try:
-            victim.end_capture()
-            result["end"] = "ok"
-        except Exception as exc:
-            result["end"] = type(exc).__name__
+        result.update(status_and_end(victim))
     print(
         f"global capture in {where:<12} query={query:<19} relaxed_scope={relax!s:<5} "
         f"result={err:<40} capture_after={result['status']:<40} end_capture={result['end']}"
