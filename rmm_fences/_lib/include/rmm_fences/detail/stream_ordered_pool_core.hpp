@@ -1096,7 +1096,7 @@ class stream_ordered_pool_core {
       auto const tight = loose_fit == nullptr ? SIZE_MAX : size + std::max(size, loose_rest);
       std::size_t fit  = 0;
       ptr              = slot.cache.take_best_fit_within(size, align, tight, fit).ptr;
-      if (fit == 0 && slot.recent_count > 0) {
+      if (ptr == nullptr && slot.recent_count > 0) {  // none fits, or only loosely
         flush_recent(slot);
         ptr = slot.cache.take_best_fit_within(size, align, tight, fit).ptr;
       }
