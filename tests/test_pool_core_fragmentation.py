@@ -234,15 +234,35 @@ def test_trace_is_balanced():
     assert {a[:2] for a in allocs - frees} == {"p_", "m_", "v_"}
 
 
-@pytest.mark.parametrize("steps", [2, 8])
-def test_transformer_step_footprint(steps):
-    """The pool holds at most 1.25x the peak live bytes of a GPT-2-small training step."""
-    events = transformer_step_trace(steps=steps)
+@pytest.mark.parametrize(
+    "steps, batch",
+    [
+        (2, 8),
+        (8, 8),
+        (8, 1),
+        pytest.param(
+            8,
+            2,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="1.32x (1.17x before the tight fit and the 512 MiB growth limit, which "
+                "took batches 1, 4, 8, 16 and 24 from 1.27x-1.70x to 1.08x-1.16x): from the fifth "
+                "step a 392 MiB logits block finds no free run long enough and the pool grows",
+            ),
+        ),
+        (8, 4),
+        (8, 16),
+        (8, 24),
+    ],
+)
+def test_transformer_step_footprint(steps, batch):
+    """The pool holds at most 1.25x the peak live bytes of GPT-2-small training steps."""
+    events = transformer_step_trace(steps=steps, batch=batch)
     pool = HostStreamOrderedPool()
     peak, held = replay(pool, events)
     assert pool.violations == []
     ratio = held / peak
     assert ratio <= 1.25, (
         f"footprint {held / 1e9:.2f} GB over peak live {peak / 1e9:.2f} GB = {ratio:.2f}x "
-        f"after {steps} steps (bound 1.25x)"
+        f"after {steps} steps at batch {batch} (bound 1.25x)"
     )
