@@ -439,6 +439,46 @@ def test_a_small_request_takes_a_tight_shared_block_before_splitting_a_big_cache
     assert p.violations == []
 
 
+def test_a_cached_block_twice_the_request_is_loose_however_small():
+    # A 256 KiB request, a 1 MiB block in the stream's cache and a 256 KiB one in the shared
+    # list: the shared one is taken (splitting the 1 MiB block would leave more than the
+    # request). Only splits that left more than 1 MiB counted before: GPT-2's synthetic steps
+    # at batch 2 held 1.32x their peak live bytes then, 1.18x now.
+    kib, mib = 1 << 10, 1 << 20
+    p = HostStreamOrderedPool(initial_pool_size=2 * mib)
+    a = p.allocate(mib, stream=1)
+    b = p.allocate(mib - 256 * kib, stream=1)  # 256 KiB of the chunk left in the shared list
+    p.deallocate(a, mib, stream=1)
+    c = p.allocate(256 * kib, stream=1)
+    assert not a <= c < a + mib, "the 256 KiB request split the cached 1 MiB block"
+    d = p.allocate(mib, stream=1)
+    assert d == a
+    for ptr, n in ((b, mib - 256 * kib), (c, 256 * kib), (d, mib)):
+        p.deallocate(ptr, n, stream=1)
+    assert p.violations == []
+
+
+def test_a_tighter_shared_block_that_needs_a_wait_does_not_replace_the_streams_own():
+    # Stream 1's cache holds a 64 MiB block; the shared list's only tighter block was freed on
+    # stream 2 (fenced there). A 1 MiB request on stream 1 splits its own block: taking the
+    # shared one would add a device-side wait on stream 2 that the own block does not need.
+    mib = 1 << 20
+    p = HostStreamOrderedPool(initial_pool_size=256 * mib)
+    a = p.allocate(64 * mib, stream=1)
+    b = p.allocate(mib, stream=2)
+    c = p.allocate(191 * mib, stream=1)  # the chunk's rest
+    p.deallocate(b, mib, stream=2)
+    p.retire_stream(2)  # fenced on stream 2 and shared
+    p.deallocate(a, 64 * mib, stream=1)
+    waits_before = len(p.waits)
+    d = p.allocate(mib, stream=1)
+    assert a <= d < a + 64 * mib
+    assert len(p.waits) == waits_before, p.waits[waits_before:]
+    for ptr, n in ((c, 191 * mib), (d, mib)):
+        p.deallocate(ptr, n, stream=1)
+    assert p.violations == []
+
+
 def test_a_bounded_pool_takes_all_its_room_rather_than_strand_a_remainder():
     # 16 MiB at most: 12 MiB first. A 12 MiB chunk would leave 4 MiB of room, less than it
     # took; a 12 MiB chunk and a 4 MiB one can never serve 16 MiB, which fits the bound.

@@ -177,8 +177,9 @@ class stream_ordered_pool_core {
   /// A request of at least 1/this of the pool grows it by the request alone.
   static constexpr std::size_t big_request_fraction = 8;
   /// A cached block is a loose fit when splitting it would leave more than the request and
-  /// more than this: a tighter shared block is taken first (keeping big blocks whole).
-  static constexpr std::size_t loose_rest = std::size_t{1} << 20;
+  /// more than this: a tighter shared block that needs no wait is taken first (keeping big
+  /// blocks whole).
+  static constexpr std::size_t loose_rest = 0;
   /// Largest alignment accepted.
   static constexpr std::size_t max_alignment = std::size_t{1} << 30;
   /// Requests above this raise out-of-memory at once (no upstream holds half the address
@@ -1242,7 +1243,8 @@ class stream_ordered_pool_core {
   }
 
   /// Takes a block from the shared list for `slot`'s stream (pinned), enqueuing the fence
-  /// waits it needs.
+  /// waits it needs. With `below`, only a block smaller than that, and only one that needs no
+  /// wait (the caller's alternative is a block of the stream's own cache).
   void* take_shared(slot_type& slot,
                     stream_type stream,
                     std::size_t bytes,
@@ -1257,6 +1259,11 @@ class stream_ordered_pool_core {
     }
     if (b.ptr == nullptr) { return nullptr; }
     auto waits = needed_waits(slot, b.tag);
+    if (!waits.empty() && below != SIZE_MAX) {  // the stream's own loose fit needs no wait
+      std::lock_guard<std::mutex> lock(shared_mutex_);
+      shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
+      return nullptr;
+    }
     if (!waits.empty()) {
       // In capture no wait can be enqueued (it would join the graph); a block whose fences a
       // query finds complete needs none. Without this, a freed block coalesced with tagged
@@ -1270,7 +1277,7 @@ class stream_ordered_pool_core {
         }
         if (!capturing) { return nullptr; }
         // The capture cannot wait for the best fit: a block further on may need no wait.
-        b = take_shared_needing_no_wait(slot, size, align, below, cross_stream);
+        b = take_shared_needing_no_wait(slot, size, align, cross_stream);
         if (b.ptr == nullptr) { return nullptr; }
       }
       if (cross_stream) { cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed); }
@@ -1308,8 +1315,10 @@ class stream_ordered_pool_core {
    * carries is the stream's own, waited on already, or found complete by a query; no wait can
    * be enqueued in capture). `cross_stream` tells whether it needed another stream's fence.
    */
-  typename free_list<fence_tag>::block take_shared_needing_no_wait(
-    slot_type& slot, std::size_t size, std::size_t align, std::size_t below, bool& cross_stream)
+  typename free_list<fence_tag>::block take_shared_needing_no_wait(slot_type& slot,
+                                                                   std::size_t size,
+                                                                   std::size_t align,
+                                                                   bool& cross_stream)
   {
     std::unordered_map<std::uint64_t, std::uint64_t> waited;
     {
@@ -1318,21 +1327,16 @@ class stream_ordered_pool_core {
     }
     [[maybe_unused]] auto relaxed = platform_.relax();  // queries are allowed in relaxed mode
     std::lock_guard<std::mutex> lock(shared_mutex_);    // shared -> fence
-    return shared_.take_best_fit_if(
-      size,
-      align,
-      capture_fit_candidates,
-      [&](fence_tag const& tag) {
-        bool queried = false;
-        for (auto const& [cell, number] : tag.needs) {
-          if (ordered_for(slot, waited, cell, number)) { continue; }
-          if (!cell->complete(number)) { return false; }
-          queried = true;
-        }
-        cross_stream = queried;
-        return true;
-      },
-      below);
+    return shared_.take_best_fit_if(size, align, capture_fit_candidates, [&](fence_tag const& tag) {
+      bool queried = false;
+      for (auto const& [cell, number] : tag.needs) {
+        if (ordered_for(slot, waited, cell, number)) { continue; }
+        if (!cell->complete(number)) { return false; }
+        queried = true;
+      }
+      cross_stream = queried;
+      return true;
+    });
   }
 
   /// True when `slot`'s stream needs no wait for record `number` of `cell`: its own fence, or
