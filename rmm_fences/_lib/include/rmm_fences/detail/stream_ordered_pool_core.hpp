@@ -176,10 +176,6 @@ class stream_ordered_pool_core {
   static constexpr std::size_t default_growth_limit = std::size_t{512} << 20;
   /// A request of at least 1/this of the pool grows it by the request alone.
   static constexpr std::size_t big_request_fraction = 8;
-  /// A cached block is a loose fit when splitting it would leave more than the request and
-  /// more than this: a tighter shared block that needs no wait is taken first (keeping big
-  /// blocks whole).
-  static constexpr std::size_t loose_rest = 0;
   /// Largest alignment accepted.
   static constexpr std::size_t max_alignment = std::size_t{1} << 30;
   /// Requests above this raise out-of-memory at once (no upstream holds half the address
@@ -267,7 +263,8 @@ class stream_ordered_pool_core {
    *
    * Makes no CUDA call but the stream identity query (for a stream seen first: its device, and
    * fence queries of a sweep of idle slots), never blocks, never grows the pool. A loose fit
-   * (`loose_rest`) is left to `allocate`, which looks for a tighter shared block first.
+   * (more than twice the request) is left to `allocate`, which looks for a tighter shared
+   * block first.
    */
   [[nodiscard]] void* try_allocate_cached(stream_type stream,
                                           std::size_t bytes,
@@ -1093,8 +1090,9 @@ class stream_ordered_pool_core {
     ++slot.uses;
     char* ptr = take_recent(slot, size, align);
     if (ptr == nullptr) {
-      // A loose fit is left to the caller, who looks for a tighter shared block first.
-      auto const tight = loose_fit == nullptr ? SIZE_MAX : size + std::max(size, loose_rest);
+      // A loose fit (its split would leave more than the request) is left to the caller, who
+      // looks for a tighter shared block that needs no wait first, keeping big blocks whole.
+      auto const tight = loose_fit == nullptr ? SIZE_MAX : 2 * size;
       std::size_t fit  = 0;
       ptr              = slot.cache.take_best_fit_within(size, align, tight, fit).ptr;
       if (ptr == nullptr && slot.recent_count > 0) {  // none fits, or only loosely
