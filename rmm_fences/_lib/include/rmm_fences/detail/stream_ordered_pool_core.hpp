@@ -1445,7 +1445,7 @@ class stream_ordered_pool_core {
       step = std::min(held == 0 ? small_pool_bytes : held, *maximum_growth_size_);
     } else {
       // Doubling below small_pool_bytes (rmm's pool's rule), then a big request alone, else
-      // half the pool.
+      // half the pool, at most default_growth_limit.
       auto const rule = held < small_pool_bytes ? held
                         : need >= held / big_request_fraction
                           ? 0
