@@ -179,7 +179,8 @@ class cuda_pool_platform : public cuda_platform_base {
 
   static std::uint64_t query_id(cudaStream_t handle) noexcept
   {
-    relaxed_capture_scope relaxed;  // cuStreamGetId would invalidate a global-mode capture
+    // `handle` is not capturing (checked first); a query of it leaves another stream's
+    // global-mode capture valid (tools/capture_probe.py), so no capture-mode exchange.
     unsigned long long id{};
     if (auto const get = driver_api::get().stream_get_id; get != nullptr) {
       if (get(reinterpret_cast<CUstream>(handle), &id) == CUDA_SUCCESS) { return id; }
