@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
+import contextlib
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import threading
+import zlib
 
 import pytest
 
@@ -128,12 +131,62 @@ def json_child():
     return run
 
 
+def _capture_elsewhere(cupy, scenarios, started, release, result):
+    """Another thread: holds a global-mode capture open on its own stream until `release`,
+    then launches the graph and checks what it wrote."""
+    cs = cupy.cuda.Stream(non_blocking=True)
+    scratch = cupy.empty(1 << 16, dtype=cupy.uint32)
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    cs.synchronize()
+    try:
+        cs.begin_capture(mode=cupy.cuda.runtime.streamCaptureModeGlobal)
+        try:
+            scenarios.fill(scratch.data.ptr, scratch.size, 99, cs)
+        finally:
+            started.set()
+            release.wait(60)
+            graph = cs.end_capture()  # raises if anything invalidated the capture
+        graph.launch(stream=cs)
+        scenarios.check(scratch.data.ptr, scratch.size, 99, errors, cs)
+        cs.synchronize()
+        result["errors"] = int(errors.get()[0])
+    except Exception as exc:  # reported by the test
+        result["error"] = exc
+        started.set()
+
+
+@pytest.fixture
+def capture_elsewhere(cupy, scenarios):
+    """``with capture_elsewhere() as result:``: while the block runs, another thread holds a
+    global-mode stream capture open (a fill kernel on that thread's own stream); on leaving
+    it, the capture ends, the graph runs and checks what it wrote. After the block ``result``
+    holds ``"errors"`` (words the graph wrote wrong) or ``"error"`` (the exception, e.g. the
+    capture invalidated by a call made in the block)."""
+
+    @contextlib.contextmanager
+    def run():
+        started, release, result = threading.Event(), threading.Event(), {}
+        capturer = threading.Thread(
+            target=_capture_elsewhere, args=(cupy, scenarios, started, release, result)
+        )
+        capturer.start()
+        assert started.wait(60)
+        try:
+            assert "error" not in result, f"could not begin the capture: {result['error']!r}"
+            yield result
+        finally:
+            release.set()
+            capturer.join(60)
+
+    return run
+
+
 @pytest.fixture
 def rng(request):
     """A fresh generator per test, seeded from the test's id so failures reproduce."""
     import numpy as np
 
-    seed = abs(hash(request.node.nodeid)) % (2**32)
+    seed = zlib.crc32(request.node.nodeid.encode())  # str hashes change between processes
     return np.random.default_rng(seed)
 
 

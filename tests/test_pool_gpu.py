@@ -471,3 +471,46 @@ def test_stream_per_task_keeps_slots_and_events_bounded(cupy, scenarios, slow_ke
     # the tasks' bytes did move between streams, through fences and device syncs
     assert stats["cross_stream_reuse"] > 0 and stats["reclaim_syncs"] > 0
     assert pool.pool_size() <= 512 << 20, f"pool grew to {pool.pool_size() >> 20} MiB"
+
+
+def test_a_global_capture_in_another_thread_survives_new_streams_and_handovers(
+    cupy, scenarios, rng, capture_elsewhere
+):
+    """While another thread holds a global-mode capture, the pool meets streams it has not
+    seen (each identity is queried: cuStreamIsCapturing, then cuStreamGetId, outside any
+    capture-mode exchange) and hands its only block from each stream to the next (a retire
+    records a fence, the next stream waits on it). No query, record or wait may invalidate the
+    other thread's capture, and no stream may overwrite the block while the previous stream's
+    slow kernel still checks it."""
+    trials, nbytes, spin_ms = 8, 4 << 20, 20.0
+    count = nbytes // 4
+    pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), "4MiB", "4MiB")
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(trials)]
+    patterns = [int(x) for x in rng.integers(1, 2**32, size=trials)]
+    spin = cupy.asarray(rng.standard_normal(16, dtype=np.float32))
+    spun = cupy.zeros(trials, dtype=cupy.float64)
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    scenarios.slow_checksum(spin.data.ptr, 16, 0.01, spun[:1], streams[0], grid=1)  # loads
+    cupy.cuda.Device().synchronize()
+    spun.fill(0)
+    taken = []
+    with capture_elsewhere() as result:
+        for i, s in enumerate(streams):
+            a = pool.allocate(nbytes, rs(s))  # a stream the pool has not seen
+            taken.append(a)
+            scenarios.fill(a, count, patterns[i], s)
+            scenarios.slow_checksum(spin.data.ptr, 16, spin_ms, spun[i : i + 1], s, grid=1)
+            scenarios.check(a, count, patterns[i], errors, s)  # after the spin
+            pool.deallocate(a, nbytes, rs(s))
+            pool.retire_stream(s)  # the block is shared behind this stream's fence
+    cupy.cuda.Device().synchronize()
+    stats = pool.stats
+    print(f"\npool with a global capture elsewhere: {stats}, capture: {result}")
+    assert "error" not in result, f"the other thread's capture failed: {result['error']!r}"
+    assert result["errors"] == 0
+    assert int(errors.get()[0]) == 0, "a stream overwrote the block before the check ran"
+    assert len(set(taken)) == 1  # the one block went from stream to stream
+    assert stats["stream_waits"] >= trials - 1 and stats["reclaim_syncs"] == 0
+    np.testing.assert_allclose(
+        spun.get(), np.full(trials, spin.get().astype(np.float64).sum()), rtol=1e-12
+    )

@@ -321,32 +321,10 @@ def test_sync_modes_have_the_right_surface():
     assert "max_batch_frees=3, max_batch_bytes=None" in repr(other)
 
 
-def _capture_elsewhere(cupy, scenarios, started, release, result):
-    """Another thread: holds a global-mode capture open on its own stream until `release`,
-    then launches the graph and checks what it wrote."""
-    cs = cupy.cuda.Stream(non_blocking=True)
-    scratch = cupy.empty(1 << 16, dtype=cupy.uint32)
-    errors = cupy.zeros(1, dtype=cupy.uint64)
-    cs.synchronize()
-    try:
-        cs.begin_capture(mode=cupy.cuda.runtime.streamCaptureModeGlobal)
-        try:
-            scenarios.fill(scratch.data.ptr, scratch.size, 99, cs)
-        finally:
-            started.set()
-            release.wait(60)
-            graph = cs.end_capture()  # raises if anything invalidated the capture
-        graph.launch(stream=cs)
-        scenarios.check(scratch.data.ptr, scratch.size, 99, errors, cs)
-        cs.synchronize()
-        result["errors"] = int(errors.get()[0])
-    except Exception as exc:  # reported by the test
-        result["error"] = exc
-        started.set()
-
-
 @pytest.mark.parametrize("mode", MODES)
-def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, scenarios, rng, mode):
+def test_global_capture_in_another_thread_never_releases_a_block_in_use(
+    cupy, scenarios, rng, mode, capture_elsewhere
+):
     """While another thread holds a global-mode capture, CUDA queries and syncs from this
     thread fail unless made in relaxed mode. A failure must never release a block: free a block
     read by a slow kernel, let another stream take the next block of that size and overwrite
@@ -380,24 +358,14 @@ def test_global_capture_in_another_thread_never_releases_a_block_in_use(cupy, sc
     patterns = [int(x) for x in rng.integers(1, 2**32, size=trials)]
     cupy.cuda.Device().synchronize()
 
-    started, release, result = threading.Event(), threading.Event(), {}
-    capturer = threading.Thread(
-        target=_capture_elsewhere, args=(cupy, scenarios, started, release, result)
-    )
-    capturer.start()
-    assert started.wait(60)
     taken = []
-    try:
-        assert "error" not in result, f"could not begin the capture: {result.get('error')!r}"
+    with capture_elsewhere() as result:
         for i, a in enumerate(blocks):
             scenarios.slow_checksum(a, count, spin_ms, outs[i : i + 1], s1)
             mr.deallocate(a, nbytes, r1)
             b = mr.allocate(nbytes, r2)
             scenarios.fill(b, count, patterns[i], s2)
             taken.append(b)
-    finally:
-        release.set()
-        capturer.join(60)
     s1.synchronize()
     s2.synchronize()
     got = outs.get()
