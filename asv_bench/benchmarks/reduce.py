@@ -56,7 +56,8 @@ class CubTempStoragePlanLoop(CubTempStorageLoop):
     storage still allocated and freed per call), over the same chains and sizes; the floor is
     CubTempStorageLoop's "preallocated" row of the same run. track_ratio_to_preallocated: the
     time per call of the plan over the preallocated buffer's, from CUDA events around 200
-    back-to-back calls of each, interleaved (median of 5 rounds each)."""
+    back-to-back calls of each, interleaved: the median of 5 rounds' ratios (a ratio within a
+    round is stable where the machine's speed drifts between rounds; docs/performance.md)."""
 
     params = [list(CHAINS), SIZES]
     plan = True
@@ -65,11 +66,12 @@ class CubTempStoragePlanLoop(CubTempStorageLoop):
         from rmm_fences.bench import cub_temp_loop_us
 
         args = (self.x, self.out)
-        plan_us, floor_us = [], []
+        ratios = []
         for _ in range(5):
-            floor_us.append(cub_temp_loop_us(*args, None, self.stream, 200, 1))
-            plan_us.append(cub_temp_loop_us(*args, self.mr, self.stream, 200, 1, plan=True))
-        return statistics.median(plan_us) / statistics.median(floor_us)
+            floor_us = cub_temp_loop_us(*args, None, self.stream, 200, 1)
+            plan_us = cub_temp_loop_us(*args, self.mr, self.stream, 200, 1, plan=True)
+            ratios.append(plan_us / floor_us)
+        return statistics.median(ratios)
 
     track_ratio_to_preallocated.unit = "ratio"
 
