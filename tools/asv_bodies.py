@@ -6,6 +6,7 @@ On a GPU host (one device call, where asv's process per benchmark costs too much
     python tools/asv_bodies.py run replay  > replay.jsonl   # benchmarks/replay.py
     python tools/asv_bodies.py run streams > streams.jsonl  # benchmarks/streams.py
     python tools/asv_bodies.py table replay  docs/data/replay/<file>.jsonl
+    python tools/asv_bodies.py table replay  <file>.jsonl --png docs/img/replay_h200.png  # + chart
     python tools/asv_bodies.py table streams docs/data/bench/<file>.jsonl
 
 ``run replay`` follows ``Replay``: one ordered replay of a fresh chain for the footprint, then
@@ -121,6 +122,54 @@ def table_replay(path):
     return "\n".join(lines)
 
 
+def chart_replay(path, png):
+    """Two panels per trace: rmm_fences' pool's calls/s over rmm's pool's and CudaAsync's (log,
+    the targets 2x and 1.5x drawn), and its footprint over rmm's pool's (the target 1.10x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    by = {}
+    for r in _rows(path):
+        by.setdefault(r["trace"], {})[r["chain"]] = r
+    traces = list(by)
+    x = range(len(traces))
+    fig, (speed, room) = plt.subplots(1, 2, figsize=(14, 4.5))
+    for i, (peer, label, target) in enumerate(
+        (("rmm_pool", "over rmm's pool", 2.0), ("cuda_async", "over CudaAsync", 1.5))
+    ):
+        ratios = [
+            by[t]["rmm_fences_pool"]["alloc_per_s"] / by[t][peer]["alloc_per_s"] for t in traces
+        ]
+        speed.bar([j + i * 0.4 for j in x], ratios, 0.4, label=label)
+        speed.axhline(target, color=f"C{i}", linestyle="--", linewidth=0.8)
+    speed.set_yscale("log")
+    speed.set_ylim(bottom=1.0)
+    speed.set_yticks([1, 1.5, 2, 3, 5, 10, 20], ["1x", "1.5x", "2x", "3x", "5x", "10x", "20x"])
+    speed.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    speed.set_ylabel("rmm_fences pool calls/s over the peer's (log)")
+    speed.legend(fontsize=8, title="dashed: targets 2x, 1.5x", title_fontsize=8)
+    room.bar(
+        list(x),
+        [
+            by[t]["rmm_fences_pool"]["footprint_mib"] / by[t]["rmm_pool"]["footprint_mib"]
+            for t in traces
+        ],
+        0.6,
+        color="tab:green",
+    )
+    room.axhline(1.10, color="black", linestyle="--", linewidth=0.8)
+    room.set_ylabel("footprint / rmm's pool's (dashed: target 1.10x)")
+    for ax, shift in ((speed, 0.2), (room, 0.0)):
+        ax.set_xticks([j + shift for j in x], traces, rotation=30, ha="right", fontsize=8)
+    fig.suptitle(f"Replay of the allocation logs on the H200 ({pathlib.Path(path).name})")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def table_streams(path):
     rows = _rows(path)
     lines = [
@@ -156,12 +205,17 @@ def main(argv=None):
     table = sub.add_parser("table", help="markdown tables from a JSON-lines file")
     table.add_argument("what", choices=["replay", "streams"])
     table.add_argument("path")
+    table.add_argument("--png", help="replay only: also write the chart to this file (matplotlib)")
     args = parser.parse_args(argv)
     if args.command == "run":
         sys.path.insert(0, str(ASV))
         {"replay": run_replay, "streams": run_streams}[args.what](sys.stdout)
     else:
         print({"replay": table_replay, "streams": table_streams}[args.what](args.path))
+        if args.png:
+            if args.what != "replay":
+                parser.error("--png: only the replay table has a chart")
+            chart_replay(args.path, args.png)
     return 0
 
 
