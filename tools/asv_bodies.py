@@ -92,10 +92,16 @@ def _rows(path):
     return [json.loads(line) for line in open(path) if line.strip()]
 
 
-def table_replay(path):
+def _by_trace(path):
+    """The replay rows of ``path`` as {trace: {chain: row}}, in file order."""
     by = {}
     for r in _rows(path):
         by.setdefault(r["trace"], {})[r["chain"]] = r
+    return by
+
+
+def table_replay(path):
+    by = _by_trace(path)
     lines = [
         "| trace | peak live MiB | rmm_fences pool calls/s | / rmm's pool | / CudaAsync "
         "| footprint MiB: rmm_fences pool | rmm's pool | CudaAsync | / rmm's pool "
@@ -131,9 +137,7 @@ def chart_replay(path, png):
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    by = {}
-    for r in _rows(path):
-        by.setdefault(r["trace"], {})[r["chain"]] = r
+    by = _by_trace(path)
     traces = list(by)
     x = range(len(traces))
     fig, (speed, room) = plt.subplots(1, 2, figsize=(14, 4.5))

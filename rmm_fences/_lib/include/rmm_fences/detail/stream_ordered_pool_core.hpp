@@ -1258,8 +1258,7 @@ class stream_ordered_pool_core {
     if (b.ptr == nullptr) { return nullptr; }
     auto waits = needed_waits(slot, b.tag);
     if (!waits.empty() && below != SIZE_MAX) {  // the stream's own loose fit needs no wait
-      std::lock_guard<std::mutex> lock(shared_mutex_);
-      shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
+      put_back_shared(b);
       return nullptr;
     }
     if (!waits.empty()) {
@@ -1269,10 +1268,7 @@ class stream_ordered_pool_core {
       bool const capturing = platform_.is_capturing(stream);
       bool cross_stream    = true;
       if (capturing ? !all_complete(waits) : !enqueue_waits(slot, stream, waits)) {
-        {
-          std::lock_guard<std::mutex> lock(shared_mutex_);
-          shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
-        }
+        put_back_shared(b);
         if (!capturing) { return nullptr; }
         // The capture cannot wait for the best fit: a block further on may need no wait.
         b = take_shared_needing_no_wait(slot, size, align, cross_stream);
@@ -1289,8 +1285,7 @@ class stream_ordered_pool_core {
       std::lock_guard<spin_mutex> lock(slot.mutex);
       track(slot, b.ptr, bytes);
     } catch (...) {
-      std::lock_guard<std::mutex> shared_lock(shared_mutex_);
-      shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
+      put_back_shared(b);
       throw;
     }
     // Nobody needed what it fenced: stop fencing its bytes eagerly.
@@ -1305,6 +1300,13 @@ class stream_ordered_pool_core {
     [[maybe_unused]] auto relaxed = platform_.relax();
     return std::all_of(
       waits.begin(), waits.end(), [](auto const& w) { return w.first->complete(w.second); });
+  }
+
+  /// Lists `b`, taken from the shared list and not handed out, there again.
+  void put_back_shared(typename free_list<fence_tag>::block& b)
+  {
+    std::lock_guard<std::mutex> lock(shared_mutex_);
+    shared_.insert(b.ptr, b.size, std::move(b.tag), chunk_start_test());
   }
 
   /**
