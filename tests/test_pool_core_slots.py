@@ -14,9 +14,17 @@ import pytest
 from rmm_fences_testing import HostStreamOrderedPool
 
 TASKS = 2000
+#: Frees of a new stream that are each fenced (the pool core's `young_frees`).
+YOUNG_FREES = 16
 #: Slots held at most while tasks come and go (the pool retires idle slots once it holds 64;
 #: a task's slot is idle from the sweep after its task). Far below one slot per task.
 SLOT_BOUND = 160
+
+
+def grown_up(p, stream):
+    """Spends `stream`'s young frees (each fenced) on one 256-byte block."""
+    for _ in range(YOUNG_FREES):
+        p.deallocate(p.allocate(256, stream=stream), 256, stream=stream)
 
 
 def task(p, stream, sizes=(4096, 64 << 10)):
@@ -37,10 +45,11 @@ def test_slots_stay_bounded_when_each_task_gets_a_new_stream():
         peak = max(peak, p.stats["stream_slots"])
     stats = p.stats
     assert peak <= SLOT_BOUND, f"{peak} slots held for {TASKS} dead streams"
-    # the blocks the dead streams cached are reclaimed (one device sync covers them), not
-    # left to grow the pool with every task (68 KiB each)
+    # a new stream's first frees are fenced: the blocks the dead streams freed serve the next
+    # tasks after a stream wait (no device sync), rather than grow the pool with every task
+    # (68 KiB each)
     assert p.pool_size() <= 32 << 20, f"pool grew to {p.pool_size() >> 20} MiB"
-    assert stats["reclaim_syncs"] >= 1
+    assert stats["reclaim_syncs"] == 0 and p.syncs == [] and stats["orphan_bytes"] == 0
     assert stats["current_bytes"] == 0
     assert p.violations == []
 
@@ -123,12 +132,14 @@ def test_a_reused_handle_waits_for_the_fence_of_the_retired_stream():
 
 def test_a_reused_handle_after_its_idle_slot_was_retired_still_waits():
     p = HostStreamOrderedPool(1 << 30)  # host address space only: the pool writes no byte
+    grown_up(p, 5)
+    records = p.records
     a = p.allocate(512 << 10, stream=5)
     guard = p.allocate(1 << 20, stream=7)  # keeps a's bytes apart from the rest of the chunk
     p.deallocate(a, 512 << 10, stream=5)  # cached on stream 5
     x = p.allocate(1 << 30, stream=6)  # a miss: stream 5 is asked for its blocks (grows)
     p.deallocate(p.allocate(256, stream=5), 256, stream=5)  # 5 fences and shares them
-    assert p.records == 1 and p.syncs == []
+    assert p.records == records + 1 and p.syncs == []
     for t in range(200):  # new streams (1 MiB each: not a's block) until 5's slot is retired
         task(p, stream=1000 + t, sizes=(1 << 20,))
     assert p.stats["stream_slots"] <= SLOT_BOUND and p.syncs == []
@@ -177,6 +188,7 @@ def test_threads_with_a_stream_per_task_keep_the_oracle():
     for kind in ("record", "stream_wait", "sync_device", "sync_stream", "query"):
         p.fail_next(kind, 0)  # a fault the threads injected last may still be pending
     p.complete_all()
+    assert p.synchronize_and_reclaim()  # the long-lived streams' caches
     p.release()
     assert p.pool_size() == 0 and p.violations == []
 
@@ -186,10 +198,11 @@ def test_threads_with_a_stream_per_task_keep_the_oracle():
 
 def test_same_stream_64_mib_pairs_do_not_fence_after_another_stream_ran_short():
     p = HostStreamOrderedPool(128 << 20, maximum_pool_size=128 << 20)
+    grown_up(p, 1)
     a = p.allocate(64 << 20, stream=1)
     p.deallocate(a, 64 << 20, stream=1)  # cached for stream 1
-    b = p.allocate(96 << 20, stream=2)  # runs short: wants stream 1's blocks (one reclaim)
-    p.deallocate(b, 96 << 20, stream=2)
+    with pytest.raises(MemoryError):  # runs short: wants stream 1's blocks (no sync)
+        p.allocate(96 << 20, stream=2)
     records = p.records
     for _ in range(100):
         p.deallocate(p.allocate(64 << 20, stream=1), 64 << 20, stream=1)
@@ -202,44 +215,56 @@ def test_a_64_mib_block_pushed_out_of_the_recent_frees_is_not_fenced_per_free():
     # Nine small frees between the big block's allocation and its free: it goes to the
     # stream's free list, not to its recent frees.
     p = HostStreamOrderedPool(256 << 20)
+    grown_up(p, 1)
     for _ in range(100):
         big = p.allocate(64 << 20, stream=1)
         small = [p.allocate(256 * (k + 1), stream=1) for k in range(9)]
         for k, ptr in enumerate(small):
             p.deallocate(ptr, 256 * (k + 1), stream=1)
         p.deallocate(big, 64 << 20, stream=1)
-    assert p.records == 0, f"{p.records} fences for 100 same-stream rounds"
+    assert p.records == YOUNG_FREES, f"{p.records} fences for 100 same-stream rounds"
     assert p.stats["same_stream_reuse"] >= 99 * 10
     assert p.violations == []
 
 
 def test_a_64_mib_block_reused_without_fences_is_taken_by_another_stream_after_its_fence():
     p = HostStreamOrderedPool(64 << 20, maximum_pool_size=64 << 20)
-    for _ in range(10):
+    for _ in range(YOUNG_FREES + 10):
         p.deallocate(p.allocate(64 << 20, stream=1), 64 << 20, stream=1)
-    assert p.records == 0
+    assert p.records == YOUNG_FREES
     a = p.allocate(64 << 20, stream=1)
     with pytest.raises(MemoryError):
         p.allocate(64 << 20, stream=2)  # stream 1 holds it: asked to fence at its next call
     p.deallocate(a, 64 << 20, stream=1)  # fenced now: another stream asked
-    assert p.records == 1
+    assert p.records == YOUNG_FREES + 1
     b = p.allocate(64 << 20, stream=2)
     assert b == a
-    assert p.waits == [(2, 1, p.clock - 1)] and p.stats["cross_stream_reuse"] == 1
+    assert p.waits[-1] == (2, 1, p.clock - 1) and p.stats["cross_stream_reuse"] == 1
     p.deallocate(b, 64 << 20, stream=2)
-    for _ in range(10):  # the new owner reuses it without fences
+    for _ in range(YOUNG_FREES + 10):  # the new owner reuses it, fencing its young frees only
         p.deallocate(p.allocate(64 << 20, stream=2), 64 << 20, stream=2)
-    assert p.records == 1 and p.violations == []
+    assert p.records == 2 * YOUNG_FREES + 1 and p.violations == []
 
 
-def test_a_cached_64_mib_block_reaches_a_stream_that_ran_short_through_a_sync():
+def test_a_cached_64_mib_block_reaches_a_stream_that_ran_short_only_through_the_named_reclaim():
     # Stream 1 is idle with the block cached: no fence can be recorded for it, so the stream
-    # that ran short gets it through one device sync; neither stream fences per free after.
+    # that ran short gets it only after a device sync the user asks for by name.
     p = HostStreamOrderedPool(64 << 20, maximum_pool_size=64 << 20)
+    grown_up(p, 1)
     p.deallocate(p.allocate(64 << 20, stream=1), 64 << 20, stream=1)
+    with pytest.raises(MemoryError):
+        p.allocate(64 << 20, stream=2)
+    assert p.syncs == []
+    assert p.synchronize_and_reclaim() and len(p.syncs) == 1
     b = p.allocate(64 << 20, stream=2)
-    assert len(p.syncs) == 1
     p.deallocate(b, 64 << 20, stream=2)
-    for _ in range(20):
-        p.deallocate(p.allocate(64 << 20, stream=2), 64 << 20, stream=2)
-    assert p.records == 0 and p.violations == []
+    assert p.violations == []
+
+
+def test_a_young_streams_64_mib_block_reaches_a_stream_that_ran_short_through_a_wait():
+    p = HostStreamOrderedPool(64 << 20, maximum_pool_size=64 << 20)
+    p.deallocate(p.allocate(64 << 20, stream=1), 64 << 20, stream=1)  # young: fenced
+    b = p.allocate(64 << 20, stream=2)
+    assert p.syncs == [] and p.waits[-1][:2] == (2, 1)
+    p.deallocate(b, 64 << 20, stream=2)
+    assert p.violations == []

@@ -74,6 +74,8 @@ cdef extern from "rmm_fences/mr/stats.hpp" namespace "rmm_fences::mr" nogil:
         uint64_t rejected_frees
         uint64_t stream_slots
         uint64_t fence_events
+        uint64_t graph_bytes
+        uint64_t orphan_bytes
 
     cdef struct hazard_tracker_stats:
         uint64_t allocations

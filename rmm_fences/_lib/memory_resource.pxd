@@ -87,6 +87,7 @@ cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
                                size_t* allocated_bytes) noexcept
         void retire_stream(stream_ref stream) except +
         size_t release() except +
+        cbool synchronize_and_reclaim() except +
         size_t pool_size()
         stream_ordered_pool_stats stats()
 

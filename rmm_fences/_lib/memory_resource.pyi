@@ -71,6 +71,8 @@ class StreamOrderedPoolStats(TypedDict):
     rejected_frees: int
     stream_slots: int
     fence_events: int
+    graph_bytes: int
+    orphan_bytes: int
 
 class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def __init__(
@@ -88,6 +90,7 @@ class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     @property
     def maximum_growth_size(self) -> int | None: ...
     def release(self) -> int: ...
+    def synchronize_and_reclaim(self) -> bool: ...
     def retire_stream(self, stream: Any) -> None: ...
     @property
     def stats(self) -> StreamOrderedPoolStats: ...

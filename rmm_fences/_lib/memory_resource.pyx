@@ -458,22 +458,40 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         return self._maximum_growth_size
 
     def release(self) -> int:
-        """Synchronize the device, then return every wholly free chunk to the upstream.
+        """Return every chunk that is wholly free and shared to the upstream.
 
-        Returns the number of bytes returned. Blocks cached by streams are reclaimed first.
+        Never waits: the chunks go back on the pool's own stream after a stream wait on the
+        fences of their last users. Blocks still cached by a stream (its last frees, which no
+        fence covers yet), held for a graph that may still replay, or left by streams that went
+        away stay. Returns the number of bytes returned.
         """
         cdef size_t n
         with nogil:
             n = deref(self.c_obj).release()
         return n
 
+    def synchronize_and_reclaim(self) -> bool:
+        """Synchronize the device, then make free for every stream what that orders.
+
+        The one call of the pool that waits, and it waits for all work of the device: the
+        streams' cached blocks and the blocks of streams that went away without
+        :meth:`retire_stream` (``stats["orphan_bytes"]``) become free for any stream. Blocks of
+        graphs that may still replay stay theirs. A device synchronization invalidates a
+        global-mode capture in any thread: do not call this while one may be under way.
+        Returns False (and changes nothing) when the synchronization fails.
+        """
+        cdef cbool ok
+        with nogil:
+            ok = deref(self.c_obj).synchronize_and_reclaim()
+        return ok
+
     def retire_stream(self, stream) -> None:
         """Fence ``stream`` and hand the blocks it freed to every stream; call this before
         destroying a stream that freed memory into the pool.
 
-        Without it, blocks freed on a destroyed stream stay reserved for it until its idle
-        slot is retired and one device synchronization reclaims them (when the pool runs
-        short, or those blocks hold a quarter of the pool) or :meth:`release`.
+        Without it, the last frees of a destroyed stream that no fence covers (a stream's
+        first 16 frees are each fenced) become orphans once its idle slot is retired: only
+        :meth:`synchronize_and_reclaim` frees them (``stats["orphan_bytes"]``).
         """
         cdef Stream s = as_stream(stream)
         cdef stream_ref c_stream = s.view()
@@ -484,9 +502,12 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def stats(self) -> dict:
         """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``same_stream_reuse``,
         ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
-        ``reclaim_syncs``, ``retired_streams``, ``rejected_frees``, ``stream_slots`` (slots
-        held now: one per stream in use; idle ones are retired once 64 are held),
-        ``fence_events`` (events held now as fences)."""
+        ``reclaim_syncs`` (calls of :meth:`synchronize_and_reclaim` that synchronized),
+        ``retired_streams``, ``rejected_frees``, ``stream_slots`` (slots held now: one per
+        stream in use; idle ones are retired once 64 are held), ``fence_events`` (events held
+        now as fences), ``graph_bytes`` (free bytes held for graphs that may still replay),
+        ``orphan_bytes`` (free bytes of streams that went away, whose last frees no fence
+        covers)."""
         return deref(self.c_obj).stats()
 
 
@@ -518,15 +539,17 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     A block freed on stream S is reused on S at once (no CUDA call but the stream identity
     query, none at all on the default stream). Another stream T
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
-    free; S records one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes,
-    its last exact-size frees counted only once another stream ran short), never one per free,
-    and never while it is being captured. The pool grows as ``maximum_growth_size`` says (at most
+    free; S fences each of its first 16 frees, then one fence per batch (once it caches 32
+    blocks or 1/16 of the pool in bytes, its last exact-size frees counted only once another
+    stream ran short), and never while it is being captured. A block freed while its stream is
+    captured belongs to the capture's graph until the graph and every executable graph
+    instantiated from it are destroyed. The pool grows as ``maximum_growth_size`` says (at most
     ``maximum_growth_size`` beyond the request), trying smaller chunks when the upstream is
     short, allocating each chunk on the requesting stream (on a pool-owned stream while the
-    requesting stream is captured); right before
-    raising :class:`MemoryError` it synchronizes the device once and reclaims what that sync
-    covers. A double free, a foreign pointer or a wrong size raises :class:`ValueError` and
-    leaves the pool unchanged.
+    requesting stream is captured). It never synchronizes the device on its own: only
+    :meth:`synchronize_and_reclaim` does, and the destructor when free blocks that no fence
+    covers remain. A null ``ptr`` is a no-op free; a double free, a foreign pointer or a wrong
+    size raises :class:`ValueError` and leaves the pool unchanged.
     Streams that freed memory should be retired with :meth:`retire_stream` before they are
     destroyed. The pool belongs to the device current at construction.
     """

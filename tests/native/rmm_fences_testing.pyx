@@ -467,8 +467,14 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         void deallocate_unchecked(uint64_t, void*, size_t) except +
         void retire(uint64_t) except +
         size_t release() except +
-        void begin_capture(uint64_t, uint64_t) except +
+        bint synchronize_and_reclaim() except +
+        void begin_capture(uint64_t, uint64_t, int) except +
         void end_capture(uint64_t) except +
+        bint instantiate(uint64_t) except +
+        bint launch(uint64_t) except +
+        bint destroy_exec(uint64_t) except +
+        bint destroy_graph(uint64_t) except +
+        bint graph_released(uint64_t) except +
         void alias(uint64_t, uint64_t) except +
         void mark_foreign(uint64_t) except +
         void fail_next(int, int) except +
@@ -480,6 +486,7 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         uint64_t hook_free_clock()
         size_t run_threads(int, int, uint64_t) nogil except +
         size_t run_stream_churn(int, int, uint64_t) nogil except +
+        size_t run_graph_churn(int, int, uint64_t) nogil except +
         vector[string] violations() except +
         pool_core_type& core()
         pool_log& log()
@@ -581,7 +588,10 @@ cdef extern from *:
     object rmm_fences_pool_chunks(host_pool&) except +
 
 
-_POOL_FAULTS = {"record": 0, "stream_wait": 1, "sync_device": 2, "sync_stream": 3, "query": 4}
+_POOL_FAULTS = {
+    "record": 0, "stream_wait": 1, "sync_device": 2, "sync_stream": 3, "query": 4, "retain": 5,
+}
+_CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
 
 
 cdef class HostStreamOrderedPool:
@@ -635,20 +645,48 @@ cdef class HostStreamOrderedPool:
     def release(self) -> int:
         return deref(self.c_obj).release()
 
-    def begin_capture(self, uint64_t stream, capture_id=None) -> int:
+    def synchronize_and_reclaim(self) -> bool:
+        """The named reclaim: a device sync, then the blocks it orders are free again."""
+        return deref(self.c_obj).synchronize_and_reclaim()
+
+    def begin_capture(self, uint64_t stream, capture_id=None, mode="global") -> int:
         """Start capturing ``stream``; streams forked into one capture share ``capture_id``
-        (a new one by default). Returns the capture id."""
+        (a new one by default). ``mode``: ``global``, ``thread_local`` or ``relaxed``.
+        Returns the capture id, which names the capture's graph."""
         cdef uint64_t cid
+        if mode not in _CAPTURE_MODES:
+            raise ValueError(f"mode must be one of {sorted(_CAPTURE_MODES)}, got {mode!r}")
         if capture_id is None:
             cid = self._next_capture_id
             self._next_capture_id += 1
         else:
             cid = capture_id
-        deref(self.c_obj).begin_capture(stream, cid)
+        deref(self.c_obj).begin_capture(stream, cid, _CAPTURE_MODES[mode])
         return cid
 
     def end_capture(self, uint64_t stream) -> None:
+        """``stream`` leaves its capture; when the last stream leaves, the graph exists."""
         deref(self.c_obj).end_capture(stream)
+
+    def instantiate(self, uint64_t capture_id) -> bool:
+        """An executable graph of the capture's graph (False: no graph to instantiate)."""
+        return deref(self.c_obj).instantiate(capture_id)
+
+    def launch(self, uint64_t capture_id) -> bool:
+        """Launch an executable graph of the capture (False: none)."""
+        return deref(self.c_obj).launch(capture_id)
+
+    def destroy_exec(self, uint64_t capture_id) -> bool:
+        """Destroy one executable graph of the capture (False: none)."""
+        return deref(self.c_obj).destroy_exec(capture_id)
+
+    def destroy_graph(self, uint64_t capture_id) -> bool:
+        """Destroy the capture's graph (False: no graph, or destroyed already)."""
+        return deref(self.c_obj).destroy_graph(capture_id)
+
+    def graph_released(self, uint64_t capture_id) -> bool:
+        """True once the graph and every executable graph of it are destroyed."""
+        return deref(self.c_obj).graph_released(capture_id)
 
     def alias_stream(self, uint64_t stream, uint64_t identity) -> None:
         """From now on ``stream`` reports ``identity`` (two streams, one identity)."""
@@ -660,7 +698,8 @@ cdef class HostStreamOrderedPool:
 
     def fail_next(self, kind, int count=1) -> None:
         """The next ``count`` calls of ``kind`` fail: one of ``record``, ``stream_wait``,
-        ``sync_device``, ``sync_stream``, ``query`` (a fence test)."""
+        ``sync_device``, ``sync_stream``, ``query`` (a fence test), ``retain`` (a user object
+        retained into a capture's graph)."""
         if kind not in _POOL_FAULTS:
             raise ValueError(f"kind must be one of {sorted(_POOL_FAULTS)}, got {kind!r}")
         deref(self.c_obj).fail_next(_POOL_FAULTS[kind], count)
@@ -706,6 +745,14 @@ cdef class HostStreamOrderedPool:
         cdef size_t n
         with nogil:
             n = deref(self.c_obj).run_stream_churn(threads, tasks, random_state)
+        return n
+
+    def run_graph_churn(self, int threads, int tasks, uint64_t random_state=0) -> int:
+        """Real threads with graphs (see host_pool::run_graph_churn), without the GIL;
+        returns how many allocations ran out of memory."""
+        cdef size_t n
+        with nogil:
+            n = deref(self.c_obj).run_graph_churn(threads, tasks, random_state)
         return n
 
     @property

@@ -71,8 +71,13 @@ class stream_ordered_pool_memory_resource
 
   /// Fences `stream` and shares its cached blocks; call before destroying the stream.
   void retire_stream(cuda::stream_ref stream) { get().retire_stream(stream); }
-  /// Synchronizes the device and returns whole free chunks upstream; returns their bytes.
+  /// Returns whole free chunks upstream, ordered by stream waits (no host or device sync);
+  /// returns their bytes.
   std::size_t release() { return get().release(); }
+  /// Synchronizes the device (waits for all its work), then frees the blocks of streams that
+  /// went away and every stream's cached blocks for any stream (not the blocks of graphs
+  /// that may still replay). Must not run while any thread captures in the global mode.
+  bool synchronize_and_reclaim() { return get().synchronize_and_reclaim(); }
   [[nodiscard]] std::size_t pool_size() const noexcept { return get().pool_size(); }
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
   { return get().maximum_pool_size(); }

@@ -17,6 +17,16 @@
  * complete, after it), and no two live blocks overlap. Memory of a new chunk counts as freed
  * on the stream the upstream allocated it on (a shared stream-ordered upstream orders its
  * previous user's work only on that stream).
+ *
+ * Graphs are actors of their own. A stream being captured is, for the oracle, the pair
+ * (capture id, stream): bytes it frees belong to the capture's graph, which may replay them at
+ * any later launch, so they may reach no other stream, and no later use of the same stream
+ * outside the capture, until the graph and every executable graph instantiated from it are
+ * destroyed; no sync, wait or query orders a later launch. The platform holds the user objects
+ * the pool retains into a capture (`retain_until_graph_destroyed`) and runs their callbacks
+ * when that happens. A device sync, a host sync of a stream other than the pool's own, a fence
+ * recorded on a captured stream or a wait enqueued on one, issued while a capture is live,
+ * is a violation: it invalidates a global-mode capture in any thread, or joins the graph.
  */
 #pragma once
 
@@ -74,6 +84,20 @@ struct pool_log {
   std::map<std::uint64_t, std::uint64_t> aliases;      // stream -> the identity it reports
   std::set<std::uint64_t> foreign;                     // streams of another device
   std::map<std::uint64_t, std::uint64_t> epochs;       // handle -> times it was destroyed
+  std::map<std::uint64_t, int> capture_modes;          // capturing stream -> mode (0 global,
+                                                       // 1 thread-local, 2 relaxed)
+  /// A capture's graph: from capture begin, through instantiations and launches, until it and
+  /// every executable graph are destroyed (`released`: the user objects' callbacks ran).
+  struct graph_state {
+    int capturing{};  // streams capturing into it now
+    bool ended{};     // the capture ended: the graph exists until destroyed
+    bool destroyed{};
+    int execs{};  // executable graphs instantiated from it and not destroyed
+    std::uint64_t launches{};
+    bool released{};
+    std::vector<std::pair<void (*)(void*), void*>> holds;  // user objects it retains
+  };
+  std::map<std::uint64_t, graph_state> graphs;  // capture id -> graph
   std::uint64_t records{};
   std::uint64_t fences_acquired{};
   std::uint64_t fences_released{};
@@ -87,6 +111,7 @@ struct pool_log {
   int fail_syncs{};
   int fail_stream_syncs{};
   int fail_queries{};
+  int fail_retains{};
   std::function<void()> sync_hook;  // run once inside the next successful sync_device
   // Upstream calls: (allocate?, address, bytes, stream, clock).
   std::vector<std::tuple<bool, std::uintptr_t, std::size_t, std::uint64_t, std::uint64_t>>
@@ -97,6 +122,7 @@ struct pool_log {
     std::uintptr_t end;
     std::uint64_t stream;
     std::uint64_t clock;
+    std::uint64_t graph{};  // the capture id when freed by a captured stream
   };
   std::map<std::uintptr_t, freed_range> freed;  // start -> range freed and not yet reused
   std::map<std::uintptr_t, std::pair<std::size_t, std::size_t>> live;  // ptr -> (bytes, size)
@@ -112,12 +138,36 @@ struct pool_log {
     return it == epochs.end() ? s : s + (it->second << 40);
   }
 
-  /// True when `waiter` is ordered after `stream`'s work up to `at` (caller holds mutex).
+  /// The oracle's name of handle `s` now: while it is captured, (capture id, stream) mixed as
+  /// the pool mixes them, else `oracle_stream(s)` (caller holds mutex).
+  [[nodiscard]] std::uint64_t oracle_name(std::uint64_t s) const
+  {
+    if (capturing.count(s) > 0) {
+      return rmm_fences::mr::detail::capturing_stream_identity(capture_ids.at(s), s);
+    }
+    return oracle_stream(s);
+  }
+
+  /// The capture id `s` captures into, or 0 (caller holds mutex).
+  [[nodiscard]] std::uint64_t capture_of(std::uint64_t s) const
+  {
+    auto it = capture_ids.find(s);
+    return capturing.count(s) > 0 && it != capture_ids.end() ? it->second : 0;
+  }
+
+  /// True when `waiter` is ordered after `stream`'s work up to `at`; bytes a graph freed
+  /// (`graph`) only for the same captured stream, or once the graph is released (caller holds
+  /// mutex).
   [[nodiscard]] bool ordered_after(std::uint64_t waiter,
                                    std::uint64_t stream,
-                                   std::uint64_t at) const
+                                   std::uint64_t at,
+                                   std::uint64_t graph = 0) const
   {
     if (waiter == stream) { return true; }
+    if (graph != 0) {
+      auto it = graphs.find(graph);
+      return it != graphs.end() && it->second.released;
+    }
     for (auto s : syncs) {
       if (s >= at) { return true; }
     }
@@ -148,15 +198,20 @@ struct pool_log {
     while (it != freed.end() && it->first < end) {
       auto const [start, range] = *it;
       it                        = freed.erase(it);
-      if (!ordered_after(stream, range.stream, range.clock)) {
+      if (!ordered_after(stream, range.stream, range.clock, range.graph)) {
         std::ostringstream os;
         os << what << " [0x" << std::hex << p << ", 0x" << end << std::dec << ") to stream "
            << stream << " overlaps bytes freed on stream " << range.stream << " at clock "
-           << range.clock << " with no wait on a later fence of it nor a sync after it";
+           << range.clock;
+        if (range.graph != 0) {
+          os << " in the capture of graph " << range.graph << ", which may still replay";
+        } else {
+          os << " with no wait on a later fence of it nor a sync after it";
+        }
         violation(os.str());
       }
-      if (start < p) { freed[start] = {p, range.stream, range.clock}; }
-      if (range.end > end) { freed[end] = {range.end, range.stream, range.clock}; }
+      if (start < p) { freed[start] = {p, range.stream, range.clock, range.graph}; }
+      if (range.end > end) { freed[end] = {range.end, range.stream, range.clock, range.graph}; }
     }
   }
 
@@ -176,7 +231,7 @@ struct pool_log {
          << " bytes) overlaps a live block";
       violation(os.str());
     }
-    hand_over(p, size, oracle_stream(stream), "allocation");
+    hand_over(p, size, oracle_name(stream), "allocation");
     live[p] = {bytes, size};
   }
 
@@ -188,8 +243,21 @@ struct pool_log {
     auto const p = reinterpret_cast<std::uintptr_t>(ptr);
     auto it      = live.find(p);
     if (it == live.end() || it->second.first != bytes) { return; }
-    freed[p] = {p + it->second.second, oracle_stream(stream), at};
+    freed[p] = {p + it->second.second, oracle_name(stream), at, capture_of(stream)};
     live.erase(it);
+  }
+
+  /// True while any stream is captured (caller holds mutex).
+  [[nodiscard]] bool capture_live() const noexcept { return !capturing.empty(); }
+
+  /// The graph of capture `cid` and its executables are gone: its user objects' callbacks
+  /// are returned for the caller to run without the lock (caller holds mutex).
+  std::vector<std::pair<void (*)(void*), void*>> release_if_gone(std::uint64_t cid)
+  {
+    auto& g = graphs[cid];
+    if (g.released || g.capturing > 0 || !g.ended || !g.destroyed || g.execs > 0) { return {}; }
+    g.released = true;
+    return std::move(g.holds);
   }
 };
 
@@ -246,6 +314,9 @@ class host_pool_platform {
       return false;
     }
     if (log_->fence_released[f]) { log_->violation("record of a released fence"); }
+    if (log_->capturing.count(s) > 0) {
+      log_->violation("fence recorded on captured stream " + std::to_string(s));
+    }
     log_->fence_stream[f] = log_->oracle_stream(s);
     log_->fence_clock[f]  = log_->now();
     ++log_->records;
@@ -260,6 +331,9 @@ class host_pool_platform {
       return false;
     }
     if (log_->fence_released[f]) { log_->violation("wait on a released fence"); }
+    if (log_->capturing.count(waiter) > 0) {
+      log_->violation("stream wait enqueued on captured stream " + std::to_string(waiter));
+    }
     try {
       log_->waits.emplace_back(
         log_->oracle_stream(waiter), log_->fence_stream[f], log_->fence_clock[f]);
@@ -300,8 +374,9 @@ class host_pool_platform {
     return log_->capturing.count(s) > 0;
   }
 
-  /// Fails while any stream captures (as in the global capture mode) or when told to; runs
-  /// the hook after the synchronization point, outside the log's lock.
+  /// Fails while any stream captures, a violation: it would invalidate a global-mode capture
+  /// in any thread (or when told to); runs the hook after the synchronization point, outside
+  /// the log's lock.
   bool sync_device() noexcept
   {
     std::function<void()> hook;
@@ -311,7 +386,10 @@ class host_pool_platform {
         --log_->fail_syncs;
         return false;
       }
-      if (!log_->capturing.empty()) { return false; }
+      if (log_->capture_live()) {
+        log_->violation("device sync while a capture is live");
+        return false;
+      }
       log_->syncs.push_back(log_->now());
       hook.swap(log_->sync_hook);
     }
@@ -327,8 +405,37 @@ class host_pool_platform {
       return false;
     }
     if (log_->capturing.count(s) > 0) { return false; }
+    // The pool's own stream carries only the upstream's calls and waits on fences of streams
+    // that are not captured: its sync touches no capture.
+    if (s != host_private_stream && log_->capture_live()) {
+      log_->violation("host sync of stream " + std::to_string(s) + " while a capture is live");
+    }
     log_->stream_syncs.emplace_back(log_->oracle_stream(s), log_->now());
     return true;
+  }
+
+  /**
+   * @brief Ties `fn(ctx)` to the graph `s` captures into: it runs once that graph and every
+   * executable graph instantiated from it are destroyed. False (and `fn(ctx)` at once) when
+   * `s` is not captured or when told to fail; `fn` runs exactly once either way.
+   */
+  bool retain_until_graph_destroyed(stream_type s, void (*fn)(void*), void* ctx) noexcept
+  {
+    {
+      std::lock_guard<std::mutex> lock(log_->mutex);
+      auto const cid = log_->capture_of(s);
+      if (log_->fail_retains > 0) {
+        --log_->fail_retains;
+      } else if (cid != 0) {
+        try {
+          log_->graphs[cid].holds.emplace_back(fn, ctx);
+          return true;
+        } catch (...) {
+        }
+      }
+    }
+    fn(ctx);
+    return false;
   }
 
   /// False for a stream marked as belonging to another device.
@@ -479,18 +586,65 @@ class host_pool {
     log_->tick();
     return core_.release();
   }
+  /// The named reclaim, through the platform's device sync.
+  bool synchronize_and_reclaim()
+  {
+    log_->tick();
+    return core_.reclaim_after([this] { return core_.platform().sync_device(); });
+  }
 
-  void begin_capture(std::uint64_t stream, std::uint64_t capture_id)
+  /// `stream` begins capturing into capture `capture_id` (streams forked into one capture
+  /// share it) in `mode` (0 global, 1 thread-local, 2 relaxed).
+  void begin_capture(std::uint64_t stream, std::uint64_t capture_id, int mode = 0)
   {
     std::lock_guard<std::mutex> lock(log_->mutex);
+    if (log_->capturing.count(stream) > 0) { return; }
     log_->capturing.insert(stream);
-    log_->capture_ids[stream] = capture_id;
+    log_->capture_ids[stream]   = capture_id;
+    log_->capture_modes[stream] = mode;
+    ++log_->graphs[capture_id].capturing;
   }
+  /// `stream` leaves its capture; the last one to leave makes the graph exist.
   void end_capture(std::uint64_t stream)
   {
     std::lock_guard<std::mutex> lock(log_->mutex);
+    if (log_->capturing.count(stream) == 0) { return; }
+    auto const cid = log_->capture_ids[stream];
     log_->capturing.erase(stream);
     log_->capture_ids.erase(stream);
+    log_->capture_modes.erase(stream);
+    if (--log_->graphs[cid].capturing == 0) { log_->graphs[cid].ended = true; }
+  }
+  /// An executable graph of capture `cid` (false: no graph to instantiate).
+  bool instantiate(std::uint64_t cid)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    auto& g = log_->graphs[cid];
+    if (!g.ended || g.destroyed || g.capturing > 0) { return false; }
+    ++g.execs;
+    return true;
+  }
+  /// A launch of an executable graph of `cid`: it replays what the capture recorded,
+  /// including the blocks freed in it (false: no executable graph).
+  bool launch(std::uint64_t cid)
+  {
+    log_->tick();
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    auto& g = log_->graphs[cid];
+    if (g.execs == 0) { return false; }
+    ++g.launches;
+    return true;
+  }
+  /// Destroys one executable graph of `cid` (false: none).
+  bool destroy_exec(std::uint64_t cid) { return drop_graph(cid, true); }
+  /// Destroys the graph of `cid` (false: not a graph, or destroyed already).
+  bool destroy_graph(std::uint64_t cid) { return drop_graph(cid, false); }
+  /// True once the graph of `cid` and its executables are destroyed (callbacks ran).
+  bool graph_released(std::uint64_t cid)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    auto it = log_->graphs.find(cid);
+    return it != log_->graphs.end() && it->second.released;
   }
   void alias(std::uint64_t stream, std::uint64_t identity)
   {
@@ -503,7 +657,7 @@ class host_pool {
     log_->foreign.insert(stream);
   }
   /// The next `n` calls of `kind` (0 record, 1 stream wait, 2 device sync, 3 stream sync,
-  /// 4 fence query) fail.
+  /// 4 fence query, 5 user object retained into a capture) fail.
   void fail_next(int kind, int n)
   {
     std::lock_guard<std::mutex> lock(log_->mutex);
@@ -511,7 +665,8 @@ class host_pool {
      : kind == 1 ? log_->fail_waits
      : kind == 2 ? log_->fail_syncs
      : kind == 3 ? log_->fail_stream_syncs
-                 : log_->fail_queries) = n;
+     : kind == 4 ? log_->fail_queries
+                 : log_->fail_retains) = n;
   }
 
   /// The work queued so far on the stream that `stream` names has run: its fences recorded
@@ -707,6 +862,32 @@ class host_pool {
     return ooms.load();
   }
 
+  /**
+   * @brief Real threads with graphs: each thread captures on a stream of its own now and then
+   * (global, thread-local or relaxed mode; sometimes a second stream forked into the capture),
+   * allocates and frees inside the capture, ends it, instantiates and launches the graph then
+   * and at later steps, and destroys its executables and the graph at later steps, in either
+   * order; between captures it allocates and frees on its long-lived stream, makes short-lived
+   * streams (slot sweeps), releases, completes work and runs into the pool's bound. Runs
+   * without the GIL; the oracle records violations (a handout of bytes a live graph may
+   * replay, a sync while any thread captures).
+   * @return allocations that raised out-of-memory
+   */
+  std::size_t run_graph_churn(int threads, int tasks, std::uint64_t random_state)
+  {
+    std::atomic<std::size_t> ooms{};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([this, t, tasks, random_state, &ooms] {
+        graph_churn_thread(static_cast<std::uint64_t>(t), tasks, random_state, ooms);
+      });
+    }
+    for (auto& th : pool) {
+      th.join();
+    }
+    return ooms.load();
+  }
+
   core_type& core() noexcept { return core_; }
   pool_log& log() noexcept { return *log_; }
 
@@ -735,7 +916,136 @@ class host_pool {
     return out;
   }
 
+  /// One thread of `run_graph_churn`.
+  void graph_churn_thread(std::uint64_t t,
+                          int tasks,
+                          std::uint64_t random_state,
+                          std::atomic<std::size_t>& ooms)
+  {
+    std::mt19937_64 rng(random_state * 1000003 + t);
+    std::uint64_t const lasting  = 1000 + t;
+    std::uint64_t const capturer = 2000 + t;
+    std::uint64_t const branch   = 3000 + t;
+    std::uint64_t next_cid       = (t + 1) << 32;
+    std::uint64_t next_stream    = (t + 1) << 40;
+    std::vector<std::pair<void*, std::size_t>> held;
+    std::vector<std::uint64_t> graphs;  // capture ids of graphs not yet destroyed
+    auto size = [&rng] {
+      return (rng() % 8 == 0) ? (std::size_t{1} << (14 + rng() % 5)) : 256 * (1 + rng() % 32);
+    };
+    auto try_allocate = [&](std::uint64_t s, std::size_t n) -> void* {
+      try {
+        return allocate(s, n, 256);
+      } catch (pool_host_out_of_memory const&) {
+        ++ooms;
+        return nullptr;
+      }
+    };
+    auto capture = [&] {
+      auto const cid = next_cid++;
+      begin_capture(capturer, cid, static_cast<int>(rng() % 3));
+      bool const forked = rng() % 4 == 0;
+      if (forked) { begin_capture(branch, cid, 0); }
+      std::vector<std::pair<void*, std::size_t>> inside;
+      for (std::uint64_t k = 0, n = 1 + rng() % 4; k < n; ++k) {
+        auto const s = forked && rng() % 2 == 0 ? branch : capturer;
+        auto const b = size();
+        if (void* p = try_allocate(s, b); p != nullptr) { inside.emplace_back(p, b); }
+      }
+      for (auto const& [p, n] : inside) {
+        if (rng() % 8 == 0) {
+          held.emplace_back(p, n);  // outlives the capture: freed later outside it
+        } else {
+          deallocate_unchecked(forked && rng() % 2 == 0 ? branch : capturer, p, n);
+        }
+      }
+      if (forked) { end_capture(branch); }
+      end_capture(capturer);
+      if (rng() % 8 == 0) {
+        destroy_graph(cid);  // aborted: never instantiated
+        return;
+      }
+      instantiate(cid);
+      launch(cid);
+      graphs.push_back(cid);
+    };
+    auto later = [&] {
+      if (graphs.empty()) { return; }
+      auto const k   = rng() % graphs.size();
+      auto const cid = graphs[k];
+      auto const r   = rng() % 4;
+      if (r < 2) {
+        launch(cid);
+      } else if (r == 2) {
+        if (rng() % 2 == 0) { instantiate(cid); }
+        destroy_exec(cid);
+      } else {
+        destroy_graph(cid);
+        while (destroy_exec(cid)) {}
+        graphs[k] = graphs.back();
+        graphs.pop_back();
+      }
+    };
+    for (int i = 0; i < tasks; ++i) {
+      auto const r = rng() % 16;
+      if (r < 3) {
+        capture();
+      } else if (r < 7) {
+        later();
+      } else if (r < 10) {
+        auto const n = size();
+        if (void* p = try_allocate(lasting, n); p != nullptr) { held.emplace_back(p, n); }
+      } else if (r < 12 && !held.empty()) {
+        auto const k = rng() % held.size();
+        auto const b = held[k];
+        held[k]      = held.back();
+        held.pop_back();
+        deallocate_unchecked(lasting, b.first, b.second);
+      } else if (r == 12) {
+        auto const s = next_stream++;
+        auto const n = size();
+        if (void* p = try_allocate(s, n); p != nullptr) { deallocate_unchecked(s, p, n); }
+      } else if (r == 13) {
+        complete_all();
+      } else if (r == 14 && rng() % 8 == 0) {
+        release();
+      } else if (r == 15 && rng() % 4 == 0) {
+        static constexpr int kinds[] = {0, 1, 3, 4, 5};  // every fault but a device sync
+        fail_next(kinds[rng() % 5], 1);
+      }
+    }
+    for (auto const cid : graphs) {
+      destroy_graph(cid);
+      while (destroy_exec(cid)) {}
+    }
+    for (auto const& [p, n] : held) {
+      deallocate_unchecked(lasting, p, n);
+    }
+  }
+
  private:
+  bool drop_graph(std::uint64_t cid, bool exec)
+  {
+    log_->tick();
+    std::vector<std::pair<void (*)(void*), void*>> callbacks;
+    {
+      std::lock_guard<std::mutex> lock(log_->mutex);
+      auto& g = log_->graphs[cid];
+      if (exec ? g.execs == 0 : (!g.ended || g.destroyed)) { return false; }
+      if (exec) {
+        --g.execs;
+      } else {
+        g.destroyed = true;
+      }
+      callbacks = log_->release_if_gone(cid);
+    }
+    // As CUDA's user objects: the destructors run outside any call of the pool.
+    for (auto const& [fn, ctx] : callbacks) {
+      fn(ctx);
+    }
+    return true;
+  }
+
   std::shared_ptr<pool_log> log_;
   core_type core_;
   std::uint64_t hook_free_clock_{};

@@ -92,8 +92,44 @@ class cuda_pool_platform : public cuda_platform_base {
     if (cudaEventDestroy(event) != cudaSuccess) { (void)cudaGetLastError(); }
   }
 
-  /// Synchronizes the pool's device (the core relaxes capture mode around it: `relax`).
+  /// Synchronizes the pool's device: only for the resource's named reclaim and its
+  /// destructor, never from the policy core.
   bool sync_device() const noexcept { return sync_device_of(device_); }
+
+  /**
+   * @brief Ties `fn(ctx)` to the graph `stream` captures into: a user object whose destructor
+   * is `fn(ctx)`, retained by the graph being captured (`cudaGraphRetainUserObject` with
+   * `cudaGraphUserObjectMove`); every executable graph instantiated from it retains it too,
+   * and the driver releases an executable graph's references once its launches complete. So
+   * `fn(ctx)` runs, on a thread of the driver, once the graph and every executable graph of it
+   * are destroyed and no launch is pending. False, and `fn(ctx)` at once, when `stream` is not
+   * captured or no user object could be retained (then `fn` runs when it is released).
+   */
+  static bool retain_until_graph_destroyed(cuda::stream_ref stream,
+                                           void (*fn)(void*),
+                                           void* ctx) noexcept
+  {
+    cudaStreamCaptureStatus status{};
+    cudaGraph_t graph{};
+    if (cudaStreamGetCaptureInfo(stream.get(), &status, nullptr, &graph) != cudaSuccess ||
+        status != cudaStreamCaptureStatusActive || graph == nullptr) {
+      (void)cudaGetLastError();
+      fn(ctx);
+      return false;
+    }
+    cudaUserObject_t object{};
+    if (cudaUserObjectCreate(&object, ctx, fn, 1, cudaUserObjectNoDestructorSync) != cudaSuccess) {
+      (void)cudaGetLastError();
+      fn(ctx);
+      return false;
+    }
+    if (cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove) != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)cudaUserObjectRelease(object, 1);  // runs fn(ctx): the hold stays unattached
+      return false;
+    }
+    return true;
+  }
 
   /**
    * @brief False when `stream` is known to belong to another device than the pool's.
@@ -141,8 +177,7 @@ class cuda_pool_platform : public cuda_platform_base {
     std::lock_guard<std::mutex> lock(private_mutex_);
     if (private_ != nullptr) {
       rmm::cuda_set_device_raii guard{device_};
-      (void)cudaStreamSynchronize(private_);
-      (void)cudaStreamDestroy(private_);
+      (void)cudaStreamDestroy(private_);  // its pending work still runs (no host wait)
       (void)cudaGetLastError();
       private_ = nullptr;
     }

@@ -84,13 +84,15 @@ struct free_result {
  *   bool ready(fence_type) noexcept;    // true only when the last record is known complete
  *   bool device_wait(stream_type waiter, fence_type) noexcept; // device-side wait, no host sync
  *   bool is_capturing(stream_type) noexcept;
- *   bool sync_device() noexcept;
- *   bool sync_stream(stream_type) noexcept;
+ *   bool sync_stream(stream_type) noexcept;    // only the pool's own stream, in capture growth
+ *   // Runs fn(ctx) exactly once: once the graph `stream` captures into and every executable
+ *   // graph of it are destroyed (true), or at once (false: not captured, or no user object).
+ *   bool retain_until_graph_destroyed(stream_type, void (*fn)(void*), void* ctx) noexcept;
  *   bool stream_on_device(stream_type) noexcept;  // false: a stream of another device
  *   stream_type private_stream();  // pool-owned, non-blocking: growth in capture, returns
  *   void destroy_private_stream() noexcept;
  *   void report_rejected_free(char const* line) noexcept;  // one line for the user
- *   auto relax() noexcept;     // scope for calls not allowed in capture (growth, device sync)
+ *   auto relax() noexcept;     // scope for calls not allowed in capture (growth)
  *
  * `Upstream`: `void* allocate(stream, bytes, alignment)`, `deallocate(...) noexcept`.
  *
@@ -156,6 +158,9 @@ class stream_ordered_pool_core {
 
   /// Cached blocks after which a stream's cache is fenced and shared.
   static constexpr std::size_t fence_batch = 32;
+  /// Frees of a new stream that are each fenced: a stream that goes away after a few calls
+  /// (a stream per task) leaves no block that only a device synchronization would free.
+  static constexpr std::uint32_t young_frees = 16;
   /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced, once
   /// another stream ran short while this one held free blocks.
   static constexpr std::size_t fence_fraction = 16;
@@ -193,6 +198,8 @@ class stream_ordered_pool_core {
   static constexpr std::size_t capture_fit_candidates = 16;
   /// `for_each_free_block`'s owner of orphans (blocks only a device synchronization frees).
   static constexpr std::uint64_t orphan_owner = std::numeric_limits<std::uint64_t>::max();
+  /// `for_each_free_block`'s owner of blocks held for graphs of retired captured slots.
+  static constexpr std::uint64_t graph_owner = orphan_owner - 1;
 
   template <typename... PlatformArgs>
   stream_ordered_pool_core(Upstream upstream,
@@ -229,12 +236,20 @@ class stream_ordered_pool_core {
   /**
    * @brief Tears the pool down (single-threaded: only from the owner's destructor).
    *
-   * With `device_alive`, returns every chunk to the upstream and destroys the fences; without
-   * (process exit), forgets both without a call to the device or the upstream.
+   * With `device_alive`, returns the chunks to the upstream on the pool's own stream after a
+   * stream wait on every fence that guards a free block, and destroys the fences; a chunk
+   * holding a block of a graph that may still replay is left to it (never returned). The
+   * owner orders the other free blocks (stream caches, orphans) first when
+   * `holds_unfenced_blocks()`. Without `device_alive` (process exit), forgets everything
+   * without a call to the device or the upstream.
    */
   void shutdown(bool device_alive) noexcept
   {
     release_events_ = device_alive;
+    if (device_alive) {
+      collect_graph_chunks_to_keep();
+      wait_on_every_fence();
+    }
     shared_.take_all();  // drops the shared list's references to fences
     orphans_.take_all();
     orphan_live_.clear();
@@ -242,18 +257,14 @@ class stream_ordered_pool_core {
       slot->cache.take_all();
       slot->recent_count = 0;
       slot->cell.reset();
+      slot->graph.reset();
     }
     slots_.clear();
     retiring_.clear();
     spare_.clear();
     all_slots_.clear();
-    if (device_alive) {
-      [[maybe_unused]] auto relaxed = platform_.relax();
-      for (auto& [ptr, size] : chunks_) {
-        upstream_.deallocate(platform_.private_stream(), ptr, size, pool_granularity);
-      }
-      platform_.destroy_private_stream();
-    }
+    holds_.clear();
+    if (device_alive) { return_chunks(); }
     chunks_.clear();
     pool_bytes_.store(0, std::memory_order_relaxed);
   }
@@ -315,6 +326,7 @@ class stream_ordered_pool_core {
     }
     auto& slot = *slot_ptr;
     pin_guard const pinned{slot};  // from_cache pinned it on the miss
+    collect_released_graphs();
     if (loose_fit != 0) {
       // The cache holds only a loose fit: a tighter shared block keeps the big one whole
       // (a stream that carved its small requests out of the big blocks it freed left no
@@ -328,19 +340,12 @@ class stream_ordered_pool_core {
     }
     if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     request_fences(slot);
-    bool const capturing = platform_.is_capturing(stream);
-    if (!capturing && orphans_worth_a_sync(size) && reclaim()) {
-      if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
-    }
     // The stream's own free blocks coalesce with the shared list's before the pool grows (a
     // block split between the two lists would otherwise be missed).
     if (share_own_cache(slot, stream)) {
       if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
     }
     if (void* ptr = grow(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
-    if (!capturing && reclaim()) {
-      if (void* ptr = take_shared(slot, stream, bytes, size, align); ptr != nullptr) { return ptr; }
-    }
     Platform::throw_out_of_memory(bytes, pool_bytes_.load(std::memory_order_relaxed));
   }
 
@@ -358,6 +363,7 @@ class stream_ordered_pool_core {
   /// `deallocate` that tells what it found instead of reporting it (counted all the same).
   free_result deallocate_checked(stream_type stream, void* ptr, std::size_t bytes) noexcept
   {
+    if (ptr == nullptr) { return {}; }  // a null free is a no-op, as for rmm's resources
     auto const key = reinterpret_cast<std::uintptr_t>(ptr);
     for (bool refresh = false;; refresh = true) {
       slot_ref ref;
@@ -450,42 +456,55 @@ class stream_ordered_pool_core {
   }
 
   /**
-   * @brief Synchronizes the device, reclaims every cache and returns whole free chunks.
-   *
-   * While a capture prevents the synchronization, only chunks that no fence guards go back.
+   * @brief Returns upstream every chunk that the shared list holds whole, on the pool's own
+   * stream after a stream wait on each fence that guards it: no host or device sync. Blocks
+   * still cached by a stream, held for a graph or orphaned stay.
    * @return bytes returned to the upstream
    */
   std::size_t release()
   {
-    (void)reclaim();
-    std::vector<std::pair<char*, std::size_t>> whole;
-    {
-      std::lock_guard<std::mutex> shared_lock(shared_mutex_);
-      std::unique_lock<std::shared_mutex> chunks_lock(chunks_mutex_);
-      for (auto const& [ptr, size] : chunks_) {
-        whole.emplace_back(ptr, size);
-      }
-      std::vector<std::pair<char*, std::size_t>> free_whole;
-      for (auto const& [ptr, size] : whole) {
-        if (shared_holds_exactly(ptr, size)) { free_whole.emplace_back(ptr, size); }
-      }
-      for (auto const& [ptr, size] : free_whole) {
-        shared_.take(ptr);
-        chunks_.erase(ptr);
-        pool_bytes_.fetch_sub(size, std::memory_order_relaxed);
-      }
-      whole.swap(free_whole);
-    }
-    std::size_t returned = 0;
+    collect_released_graphs();
+    auto whole = take_whole_chunks();
     if (whole.empty()) { return 0; }
     // On the pool's own stream: never the legacy stream, which a capture may forbid.
     [[maybe_unused]] auto relaxed = platform_.relax();
     auto const stream             = platform_.private_stream();
-    for (auto const& [ptr, size] : whole) {
-      upstream_.deallocate(stream, ptr, size, pool_granularity);
-      returned += size;
+    std::size_t returned          = 0;
+    for (auto& b : whole) {
+      if (!wait_on_tag(stream, b.tag)) {  // not ordered after its last users: kept
+        add_back_chunk(b);
+        continue;
+      }
+      upstream_.deallocate(stream, b.ptr, b.size, pool_granularity);
+      returned += b.size;
     }
     return returned;
+  }
+
+  /**
+   * @brief The named reclaim: detaches every cache (but captured streams', which belong to
+   * graphs), every orphan and every fenced shared block, calls `synchronize()` (which must
+   * order all work of the device before it returns, e.g. a device synchronization), then lists
+   * only the detached blocks, untagged. A block freed (and fenced) by another thread after the
+   * detach keeps its cache or fence. When `synchronize()` returns false, everything goes back
+   * as it was. The pool calls this on no path of its own.
+   * @return whether `synchronize()` succeeded
+   */
+  template <typename Synchronize>
+  bool reclaim_after(Synchronize&& synchronize)
+  { return reclaim(std::forward<Synchronize>(synchronize)); }
+
+  /// True when the pool holds free blocks whose last use no fence covers: cached by a stream
+  /// (not a captured one) or orphaned. Only a device-wide order makes their chunks safe to
+  /// return upstream.
+  [[nodiscard]] bool holds_unfenced_blocks()
+  {
+    bool any = false;
+    for_each_slot([&](slot_type& slot) {
+      std::lock_guard<spin_mutex> lock(slot.mutex);
+      if (!slot.graph && (slot.recent_count > 0 || !slot.cache.empty())) { any = true; }
+    });
+    return any || orphan_bytes_.load(std::memory_order_relaxed) > 0;
   }
 
   /// Bytes held from the upstream.
@@ -530,14 +549,42 @@ class stream_ordered_pool_core {
     s.rejected_frees     = rejected_frees_.load(std::memory_order_relaxed);
     s.stream_slots       = slots;
     s.fence_events       = events_.load(std::memory_order_relaxed);
+    s.graph_bytes        = graph_bytes();
+    s.orphan_bytes       = orphan_bytes_.load(std::memory_order_relaxed);
     return s;
   }
 
-  /// Free blocks listed (in caches, shared, orphaned), for tests: calls f(ptr, size, owner)
-  /// with the owner's stream id, 0 for shared blocks or `orphan_owner`.
+  /// Free bytes that graphs that may still replay hold (their captured streams' caches).
+  [[nodiscard]] std::uint64_t graph_bytes()
+  {
+    std::uint64_t bytes = 0;
+    for_each_slot([&](slot_type& slot) {
+      std::lock_guard<spin_mutex> lock(slot.mutex);
+      if (slot.graph) { bytes += slot.cache.free_bytes() + slot.recent_bytes; }
+    });
+    std::lock_guard<std::mutex> lock(graphs_mutex_);
+    for (auto const& hold : holds_) {
+      for (auto const& b : hold->blocks) {
+        bytes += b.second;
+      }
+    }
+    return bytes;
+  }
+
+  /// Free blocks listed (in caches, shared, orphaned, held for graphs), for tests: calls
+  /// f(ptr, size, owner) with the owner's stream id, 0 for shared blocks, `orphan_owner` or
+  /// `graph_owner`.
   template <typename F>
   void for_each_free_block(F&& f)
   {
+    {
+      std::lock_guard<std::mutex> lock(graphs_mutex_);
+      for (auto const& hold : holds_) {
+        for (auto const& [p, n] : hold->blocks) {
+          f(p, n, graph_owner);
+        }
+      }
+    }
     for_each_slot([&](slot_type& slot) {
       std::lock_guard<spin_mutex> slot_lock(slot.mutex);
       for (std::size_t i = 0; i < slot.recent_count; ++i) {
@@ -632,6 +679,32 @@ class stream_ordered_pool_core {
     }
   };
 
+  /**
+   * @brief The graph a captured stream's frees belong to. Every launch of an executable graph
+   * instantiated from the capture replays them, so they stay the graph's until the graph and
+   * every executable graph of it are destroyed: the user object the pool retains into the
+   * capture then runs `on_graph_destroyed` (on a thread of the driver; it may not call CUDA:
+   * it only sets `released` and bumps the pool's signal, which the next allocation reads).
+   */
+  struct graph_hold {
+    std::shared_ptr<std::atomic<std::uint64_t>> signal;  // outlives the pool if need be
+    std::atomic<bool> released{};                        // the user object's callback ran
+    std::atomic<bool> attached{};                        // the graph retains the user object
+    std::vector<std::pair<char*, std::size_t>> blocks;   // of its retired slots (graphs_mutex_)
+
+    /// True once the graph and its executables are gone (and their launches complete).
+    [[nodiscard]] bool gone() const noexcept
+    { return attached.load(std::memory_order_acquire) && released.load(std::memory_order_acquire); }
+  };
+
+  static void on_graph_destroyed(void* ctx) noexcept
+  {
+    auto* hold = static_cast<std::shared_ptr<graph_hold>*>(ctx);
+    (*hold)->released.store(true, std::memory_order_release);
+    (*hold)->signal->fetch_add(1, std::memory_order_acq_rel);
+    delete hold;
+  }
+
   /// One stream identity: its cache of freed blocks and its fence (own cache lines: threads
   /// on different streams touch different slots). Slot objects live as long as the pool: a
   /// retired one is reset and given to the next new stream.
@@ -643,14 +716,16 @@ class stream_ordered_pool_core {
     // Set when the slot is given to a stream; written under slots_mutex_ (exclusive) and
     // `mutex`, read under either, or while the slot is pinned.
     std::uint64_t id{};
-    std::uint64_t incarnation{};  // changes when the slot is retired
-    cell_ptr cell;                // its fence
+    std::uint64_t incarnation{};        // changes when the slot is retired
+    cell_ptr cell;                      // its fence
+    std::shared_ptr<graph_hold> graph;  // a captured stream's: the graph its frees belong to
 
     spin_mutex mutex;               // guards the fields below
     bool retiring{};                // left the stream map (retire_stream): callers go to a new slot
     std::uint32_t pins{};           // calls using the slot with `mutex` released
     std::uint64_t uses{};           // calls that used the slot
     std::uint64_t uses_at_sweep{};  // `uses` at the last sweep (equal: idle since)
+    std::uint32_t frees{};          // frees since the slot was given to its stream (to young_frees)
     free_list<no_tag> cache;        // freed on this stream since its last fence
     std::int64_t balance{};         // bytes allocated minus freed, not yet settled
     std::uint64_t same_stream_hits{};
@@ -686,10 +761,12 @@ class stream_ordered_pool_core {
     slot_type& slot;
   };
 
-  /// What a retired slot leaves: its cached blocks (to the orphans) and its live blocks.
+  /// What a retired slot leaves: its cached blocks (to its graph, or to the orphans) and its
+  /// live blocks.
   struct leftovers {
     std::vector<std::pair<char*, std::size_t>> blocks;
     std::vector<std::pair<std::uintptr_t, std::size_t>> live;
+    std::shared_ptr<graph_hold> graph;
   };
 
   /// Calls `f(slot)` for every slot held by a stream or being retired.
@@ -756,7 +833,7 @@ class stream_ordered_pool_core {
     }
     if (ref.slot == nullptr) {
       if (!platform_.stream_on_device(stream)) { return {}; }
-      ref = create_slot(id);
+      ref = create_slot(id, stream);
     }
     tls_entry* entry = nullptr;
     for (auto& e : cache.entries) {
@@ -769,8 +846,11 @@ class stream_ordered_pool_core {
 
   /// A slot for identity `id`: a retired slot object when one is spare, else a new one; first
   /// retires idle slots when the slots reached `sweep_bound_`.
-  slot_ref create_slot(std::uint64_t id)
+  slot_ref create_slot(std::uint64_t id, stream_type stream)
   {
+    // A captured stream's slot: its frees belong to the capture's graph (made before the
+    // locks: it calls CUDA; unused when another thread created the slot first).
+    auto hold = platform_.is_capturing(stream) ? hold_graph(stream) : nullptr;
     cell_ptr dropped;  // an old fence, let go after the locks
     slot_ref ref;
     bool swept = false;
@@ -798,11 +878,13 @@ class stream_ordered_pool_core {
       slots_.emplace(id, slot);
       spare_.pop_back();
       std::lock_guard<spin_mutex> slot_lock(slot->mutex);
+      slot->graph         = std::move(hold);
       slot->id            = id;
       slot->incarnation   = ++incarnations_;
       slot->retiring      = false;
       slot->uses          = 1;  // not idle at the next sweep
       slot->uses_at_sweep = 0;
+      slot->frees         = 0;
       if (fresh) {
         dropped    = std::move(slot->cell);
         slot->cell = std::move(fresh);
@@ -875,6 +957,7 @@ class stream_ordered_pool_core {
       slot.cache = free_list<no_tag>{};
       slot.live.for_each([&](std::uintptr_t p, std::size_t n) { out.live.emplace_back(p, n); });
       slot.live.clear();
+      out.graph = std::move(slot.graph);
       slot.waited.clear();
       slot.fence_requested.store(false, std::memory_order_relaxed);
       slot.demanded.store(false, std::memory_order_relaxed);
@@ -882,6 +965,7 @@ class stream_ordered_pool_core {
       slot.incarnation = ++incarnations_;  // a caller's cached reference is now stale
     }
     spare_.push_back(&slot);  // reserved: never allocates
+    if (out.graph) { keep_for_graph(out.graph, out.blocks); }
     // Under slots_mutex_: a free that no longer finds the block in the slot finds it here.
     std::lock_guard<std::mutex> lock(orphan_mutex_);
     for (auto const& [p, n] : out.live) {
@@ -890,10 +974,102 @@ class stream_ordered_pool_core {
       } catch (...) {  // no host memory: its free will be refused (the block is lost)
       }
     }
-    for (auto const& [p, n] : out.blocks) {
-      orphan_locked(p, n);
+    if (!out.graph) {
+      for (auto const& [p, n] : out.blocks) {
+        orphan_locked(p, n);
+      }
     }
     return true;
+  }
+
+  /**
+   * @brief A new graph hold for the capture `stream` is in: the platform retains a user
+   * object into the capture's graph, whose callback marks the hold released. When it cannot,
+   * the hold is never released: the blocks stay the graph's for the pool's life.
+   */
+  std::shared_ptr<graph_hold> hold_graph(stream_type stream)
+  {
+    auto hold    = std::make_shared<graph_hold>();
+    hold->signal = graph_signal_;
+    auto* ctx    = new std::shared_ptr<graph_hold>(hold);
+    // The callback runs exactly once, and deletes `ctx`, whatever the answer.
+    if (platform_.retain_until_graph_destroyed(stream, &on_graph_destroyed, ctx)) {
+      hold->attached.store(true, std::memory_order_release);
+      // Released before it was attached (the graph went at once): let the next call see it.
+      if (hold->released.load(std::memory_order_acquire)) {
+        graph_signal_->fetch_add(1, std::memory_order_acq_rel);
+      }
+    }
+    return hold;
+  }
+
+  /// A retired captured slot's cached blocks: the graph's while it may replay, else shared.
+  void keep_for_graph(std::shared_ptr<graph_hold> const& hold,
+                      std::vector<std::pair<char*, std::size_t>> const& blocks) noexcept
+  {
+    if (blocks.empty()) { return; }
+    if (hold->gone()) {
+      list_shared_untagged(blocks);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(graphs_mutex_);
+    try {
+      if (hold->blocks.empty()) { holds_.push_back(hold); }
+      hold->blocks.insert(hold->blocks.end(), blocks.begin(), blocks.end());
+    } catch (...) {  // no host memory: the blocks stay lost to the pool (never handed out)
+    }
+  }
+
+  /// Lists blocks no fence guards in the shared list.
+  void list_shared_untagged(std::vector<std::pair<char*, std::size_t>> const& blocks) noexcept
+  {
+    std::lock_guard<std::mutex> lock(shared_mutex_);
+    for (auto const& [p, n] : blocks) {
+      try {
+        shared_.insert(p, n, fence_tag{}, chunk_start_test());
+      } catch (...) {  // no host memory: lost to the pool, never handed out twice
+      }
+    }
+  }
+
+  /**
+   * @brief Hands back what graphs that are gone held: the blocks of their retired slots, and
+   * the slots of their captures still mapped (retired now). Cheap when no graph went since
+   * the last call (one atomic exchange).
+   */
+  void collect_released_graphs()
+  {
+    if (graph_signal_->exchange(0, std::memory_order_acq_rel) == 0) { return; }
+    std::vector<std::pair<char*, std::size_t>> blocks;
+    {
+      std::lock_guard<std::mutex> lock(graphs_mutex_);
+      auto const gone = std::stable_partition(
+        holds_.begin(), holds_.end(), [](auto const& h) { return !h->gone(); });
+      for (auto it = gone; it != holds_.end(); ++it) {
+        blocks.insert(blocks.end(), (*it)->blocks.begin(), (*it)->blocks.end());
+        (*it)->blocks.clear();
+      }
+      holds_.erase(gone, holds_.end());
+    }
+    list_shared_untagged(blocks);
+    retire_slots_of_gone_graphs();
+  }
+
+  /// Retires the slots of captures whose graphs are gone (a pinned one at a later call).
+  void retire_slots_of_gone_graphs()
+  {
+    std::unique_lock<std::shared_mutex> lock(slots_mutex_);
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      auto* slot = it->second;
+      if (slot->graph && slot->graph->gone()) {
+        if (give_up_locked(*slot, /*only_if_idle=*/false)) {
+          it = slots_.erase(it);
+          continue;
+        }
+        graph_signal_->fetch_add(1, std::memory_order_relaxed);  // pinned: next time
+      }
+      ++it;
+    }
   }
 
   /// Lists a block that only a device synchronization frees (caller holds orphan_mutex_).
@@ -904,14 +1080,6 @@ class stream_ordered_pool_core {
     } catch (...) {  // no host memory: lost to the pool, never handed out twice
     }
     orphan_bytes_.store(orphans_.free_bytes(), std::memory_order_relaxed);
-  }
-
-  /// Before growing: orphans hold the request and a quarter of the pool, so one device
-  /// synchronization (which frees them) beats growing.
-  [[nodiscard]] bool orphans_worth_a_sync(std::size_t size) const noexcept
-  {
-    auto const orphaned = orphan_bytes_.load(std::memory_order_relaxed);
-    return orphaned >= size && 4 * orphaned >= pool_bytes_.load(std::memory_order_relaxed);
   }
 
   /// Drops from every shared block's tag the fences known complete (after a sweep).
@@ -1176,8 +1344,13 @@ class stream_ordered_pool_core {
     }
   }
 
+  /// True when the free just cached on `slot` fences its cache (caller holds slot.mutex).
   [[nodiscard]] bool should_fence(slot_type& slot) const noexcept
   {
+    if (slot.frees < young_frees) {
+      ++slot.frees;
+      return true;
+    }
     if (slot.fence_requested.load(std::memory_order_relaxed)) { return true; }
     // Counted in cached blocks, not frees: a stream that reuses its blocks never fences.
     if (slot.cache.block_count() + slot.recent_count >= fence_batch) { return true; }
@@ -1546,17 +1719,9 @@ class stream_ordered_pool_core {
     return static_cast<char*>(account(user, size));
   }
 
-  /**
-   * @brief Synchronizes the device and frees from their fences the blocks that sync covers.
-   *
-   * Detaches first (under the locks) every slot's cache, every orphan and every fenced shared
-   * block, then synchronizes without a lock, then lists only the detached blocks, untagged. A
-   * block freed (and fenced) by another thread after the detach keeps its cache or fence.
-   * When the sync fails (during a global-mode capture), everything goes back as it was:
-   * caches to their slots (to the orphans for a slot retired meanwhile), orphans to the
-   * orphans, fenced blocks with their tags.
-   */
-  bool reclaim()
+  /// `reclaim_after`'s body (see there).
+  template <typename Synchronize>
+  bool reclaim(Synchronize&& synchronize)
   {
     // One reclaim at a time: a second one would find everything detached by the first and
     // raise out-of-memory while the first still holds the blocks. It waits, then syncs again.
@@ -1575,6 +1740,7 @@ class stream_ordered_pool_core {
       auto detach = [&](slot_type* slot) {
         detached_cache d{slot, 0, {}};
         std::lock_guard<spin_mutex> slot_lock(slot->mutex);
+        if (slot->graph) { return; }  // a graph's: no sync orders its later launches
         d.incarnation = slot->incarnation;
         d.blocks.reserve(slot->recent_count + slot->cache.block_count());
         for (std::size_t i = 0; i < slot->recent_count; ++i) {
@@ -1609,7 +1775,7 @@ class stream_ordered_pool_core {
         }
       }
     }
-    bool const synced = platform_.sync_device();  // fails (changes nothing) in capture
+    bool const synced = synchronize();  // failing, it changes nothing
     if (synced) { reclaim_syncs_.fetch_add(1, std::memory_order_relaxed); }
     {
       std::lock_guard<std::mutex> lock(shared_mutex_);
@@ -1651,15 +1817,95 @@ class stream_ordered_pool_core {
     return synced;
   }
 
-  /// True when the shared list holds the whole chunk [ptr, ptr + size) as one block that
-  /// needs no fence (caller holds shared_mutex_ and chunks_mutex_).
-  bool shared_holds_exactly(char* ptr, std::size_t size)
+  /// Takes out of the shared list and the chunk registry every chunk it holds whole.
+  std::vector<typename free_list<fence_tag>::block> take_whole_chunks()
   {
-    bool found = false;
-    shared_.for_each([&](char* p, std::size_t n, fence_tag& tag) {
-      if (p == ptr && n == size && tag.needs.empty()) { found = true; }
+    std::vector<typename free_list<fence_tag>::block> whole;
+    std::lock_guard<std::mutex> shared_lock(shared_mutex_);
+    std::unique_lock<std::shared_mutex> chunks_lock(chunks_mutex_);
+    std::vector<char*> starts;
+    shared_.for_each([&](char* p, std::size_t n, fence_tag&) {
+      if (auto it = chunks_.find(p); it != chunks_.end() && it->second == n) {
+        starts.push_back(p);
+      }
     });
-    return found;
+    for (char* p : starts) {
+      whole.push_back(shared_.take(p));
+      pool_bytes_.fetch_sub(chunks_[p], std::memory_order_relaxed);
+      chunks_.erase(p);
+    }
+    return whole;
+  }
+
+  /// A chunk taken by `take_whole_chunks` and kept: registered and listed again.
+  void add_back_chunk(typename free_list<fence_tag>::block& b)
+  {
+    {
+      std::unique_lock<std::shared_mutex> lock(chunks_mutex_);
+      chunks_.emplace(b.ptr, b.size);
+    }
+    pool_bytes_.fetch_add(b.size, std::memory_order_relaxed);
+    put_back_shared(b);
+  }
+
+  /// At shutdown: forgets the chunks that hold blocks of graphs that may still replay.
+  void collect_graph_chunks_to_keep() noexcept
+  {
+    auto keep = [&](char* p) {
+      auto it = chunks_.upper_bound(p);
+      if (it != chunks_.begin()) { chunks_.erase(std::prev(it)); }
+    };
+    for (auto const& hold : holds_) {
+      if (hold->gone()) { continue; }
+      for (auto const& b : hold->blocks) {
+        keep(b.first);
+      }
+    }
+    for (auto& slot : all_slots_) {
+      if (!slot->graph || slot->graph->gone()) { continue; }
+      for (std::size_t i = 0; i < slot->recent_count; ++i) {
+        keep(slot->recent[i].first);
+      }
+      slot->cache.for_each([&](char* p, std::size_t, no_tag&) { keep(p); });
+    }
+  }
+
+  /// At shutdown: the pool's own stream waits on every fence of the shared list.
+  void wait_on_every_fence() noexcept
+  {
+    try {
+      [[maybe_unused]] auto relaxed = platform_.relax();
+      auto const stream             = platform_.private_stream();
+      shared_.for_each([&](char*, std::size_t, fence_tag& tag) { (void)wait_on_tag(stream, tag); });
+    } catch (...) {  // no stream to wait on: the chunks go back unordered, as they would
+    }
+  }
+
+  /// At shutdown: every chunk registered goes back upstream on the pool's own stream.
+  void return_chunks() noexcept
+  {
+    try {
+      [[maybe_unused]] auto relaxed = platform_.relax();
+      auto const stream             = platform_.private_stream();
+      for (auto& [ptr, size] : chunks_) {
+        upstream_.deallocate(stream, ptr, size, pool_granularity);
+      }
+    } catch (...) {  // no stream: the chunks are left to the upstream's own teardown
+    }
+    platform_.destroy_private_stream();
+  }
+
+  /// Enqueues on `stream` a wait on each fence of `tag` (false when one cannot be enqueued).
+  bool wait_on_tag(stream_type stream, fence_tag const& tag) noexcept
+  {
+    for (auto const& [cell, number] : tag.needs) {
+      std::lock_guard<std::mutex> fence_lock(cell->mutex);
+      if (!cell->event.has_value() || !platform_.device_wait(stream, *cell->event)) {
+        return false;
+      }
+      stream_waits_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return true;
   }
 
   Platform platform_;
@@ -1692,8 +1938,15 @@ class stream_ordered_pool_core {
   pointer_map<std::size_t> orphan_live_{64};
   std::atomic<std::size_t> orphan_bytes_{};
 
+  // Graphs: holds of retired captured slots that still keep blocks; the signal the user
+  // objects' callbacks bump (shared: a callback may run after the pool is gone).
+  std::mutex graphs_mutex_;
+  std::vector<std::shared_ptr<graph_hold>> holds_;
+  std::shared_ptr<std::atomic<std::uint64_t>> graph_signal_{
+    std::make_shared<std::atomic<std::uint64_t>>(0)};
+
   std::mutex growth_mutex_;
-  std::mutex reclaim_mutex_;  // taken before any other lock, held through the device sync
+  std::mutex reclaim_mutex_;  // taken before any other lock, held through `synchronize()`
   mutable std::shared_mutex chunks_mutex_;
   std::map<char*, std::size_t> chunks_;
 

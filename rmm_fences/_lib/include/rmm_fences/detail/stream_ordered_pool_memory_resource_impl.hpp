@@ -43,7 +43,15 @@ class stream_ordered_pool_memory_resource_impl {
   {
   }
 
-  /// Returns every chunk upstream once the device is idle; at process exit, no CUDA call.
+  /**
+   * @brief Returns the chunks upstream on the pool's own stream after a stream wait on every
+   * fence; at process exit, no CUDA call.
+   *
+   * Free blocks whose last use no fence covers (a live stream's cache, a gone stream's
+   * orphans) are ordered by a device synchronization first: the only wait the pool makes on
+   * its own, and only then. A chunk holding blocks of a graph that may still replay stays
+   * allocated (the graph keeps using it).
+   */
   ~stream_ordered_pool_memory_resource_impl()
   {
     if (rmm::process_is_exiting()) {
@@ -51,7 +59,7 @@ class stream_ordered_pool_memory_resource_impl {
       return;
     }
     rmm::cuda_set_device_raii guard{core_.platform().device()};
-    (void)core_.platform().sync_device();
+    if (core_.holds_unfenced_blocks()) { (void)core_.platform().sync_device(); }
     core_.shutdown(/*device_alive=*/true);
   }
 
@@ -111,11 +119,22 @@ class stream_ordered_pool_memory_resource_impl {
   /// Fences `stream` and shares its cached blocks; call before destroying the stream.
   void retire_stream(cuda::stream_ref stream) { core_.retire_stream(stream); }
 
-  /// Synchronizes the device and returns whole free chunks upstream; returns their bytes.
+  /// Returns whole free chunks upstream, ordered by stream waits; returns their bytes.
   std::size_t release()
   {
     rmm::cuda_set_device_raii guard{core_.platform().device()};
     return core_.release();
+  }
+
+  /// The named reclaim: a device synchronization, then every block it orders is free again.
+  bool synchronize_and_reclaim()
+  {
+    rmm::cuda_set_device_raii guard{core_.platform().device()};
+    auto& platform = core_.platform();
+    return core_.reclaim_after([&platform] {
+      [[maybe_unused]] auto relaxed = platform.relax();
+      return platform.sync_device();
+    });
   }
 
   [[nodiscard]] std::size_t pool_size() const noexcept { return core_.pool_size(); }

@@ -33,7 +33,7 @@ struct stream_ordered_pool_stats {
   std::uint64_t upstream_growths{};    ///< chunks taken from the upstream
   std::uint64_t fences{};              ///< fences recorded (one per batch of cached frees)
   std::uint64_t stream_waits{};        ///< stream-to-fence waits enqueued (no host sync)
-  std::uint64_t reclaim_syncs{};       ///< device syncs before giving up (near out-of-memory)
+  std::uint64_t reclaim_syncs{};       ///< reclaims after `synchronize_and_reclaim` (never its own)
   std::uint64_t retired_streams{};     ///< streams retired through `retire_stream`
   std::uint64_t rejected_frees{};      ///< frees refused (double, foreign, wrong size)
   /// Per-stream slots held now: one per stream identity in use, each with its cache and
@@ -43,6 +43,12 @@ struct stream_ordered_pool_stats {
   /// Events held as fences: one per slot that fenced, plus those of retired slots whose
   /// fences still guard shared blocks (dropped once a query finds them complete).
   std::uint64_t fence_events{};
+  /// Free bytes held for graphs that may still replay: what streams freed while captured,
+  /// until the graph and every executable graph of it are destroyed.
+  std::uint64_t graph_bytes{};
+  /// Free bytes of streams that went away (their slots retired idle) whose last frees no
+  /// event covers: only `synchronize_and_reclaim` frees them.
+  std::uint64_t orphan_bytes{};
 };
 
 /// Counters of the tracker.
