@@ -13,7 +13,63 @@ import sys
 import pytest
 
 from conftest import NATIVE_TESTS
-from rmm_fences_testing import HostPointerMap
+from rmm_fences_testing import HostPointerMap, HostStreamOrderedPool
+
+NBYTES = 4096
+
+
+def snapshot(pool):
+    """Everything a free could change: counters, free blocks, upstream calls, fences, waits."""
+    return (
+        pool.stats,
+        pool.free_blocks,
+        pool.upstream_calls,
+        pool.records,
+        pool.waits,
+        pool.syncs,
+        pool.violations,
+    )
+
+
+def null_frees(pool, nbytes):
+    pool.deallocate(0, nbytes, 1)  # the checked free (the Python resource's): no ValueError
+    pool.deallocate_unchecked(0, nbytes, 1)  # the noexcept free (rmm's resource_ref)
+    pool.deallocate(0, nbytes, 2)  # a stream the pool has not seen: no slot made for it
+    pool.mark_foreign_stream(3)
+    pool.deallocate(0, nbytes, 3)  # a stream of another device: not refused either
+
+
+@pytest.mark.parametrize("nbytes", [0, NBYTES])
+def test_null_free_changes_nothing(nbytes):
+    pool = HostStreamOrderedPool()
+    live = [pool.allocate(NBYTES, 1) for _ in range(8)]
+    for ptr in live[:4]:  # cached free blocks on stream 1
+        pool.deallocate(ptr, NBYTES, 1)
+    before = snapshot(pool)
+    null_frees(pool, nbytes)
+    assert snapshot(pool) == before
+    assert pool.stats["rejected_frees"] == 0
+    # Nothing of address 0 was cached: every later block is a real one.
+    again = [pool.allocate(n, 1) for n in (0, 1, 256, NBYTES) for _ in range(4)]
+    assert 0 not in again
+    for ptr in live[4:]:
+        pool.deallocate(ptr, NBYTES, 1)
+    for ptr, n in zip(again, [n for n in (0, 1, 256, NBYTES) for _ in range(4)], strict=True):
+        pool.deallocate(ptr, n, 1)
+    stats = pool.stats
+    assert stats["current_bytes"] == 0 and stats["rejected_frees"] == 0
+    assert pool.violations == []
+
+
+@pytest.mark.parametrize("nbytes", [0, NBYTES])
+def test_null_free_on_an_empty_pool_changes_nothing(nbytes):
+    pool = HostStreamOrderedPool()
+    before = snapshot(pool)
+    for _ in range(64):
+        null_frees(pool, nbytes)
+    assert snapshot(pool) == before
+    assert pool.stats["stream_slots"] == 0 and pool.stats["current_bytes"] == 0
+
 
 # 64 live blocks on stream 1 fill half of its live map (128 slots); 64 null frees, then 64 more
 # blocks. A map that counted each null free as an erase believes it holds 64 and never grows:

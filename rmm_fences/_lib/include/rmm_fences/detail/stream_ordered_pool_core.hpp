@@ -358,6 +358,7 @@ class stream_ordered_pool_core {
   /// `deallocate` that tells what it found instead of reporting it (counted all the same).
   free_result deallocate_checked(stream_type stream, void* ptr, std::size_t bytes) noexcept
   {
+    if (ptr == nullptr) { return {}; }  // a null free is a no-op, as for rmm's resources
     auto const key = reinterpret_cast<std::uintptr_t>(ptr);
     for (bool refresh = false;; refresh = true) {
       slot_ref ref;
