@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Null-pointer frees on the host harness (no GPU).
+"""Null-pointer frees on the host harness and the CuPy allocator (no GPU).
 
 A free of address 0 (any size, any stream) is a no-op for the stream-ordered pool's core, as
 for rmm's resources: nothing counted, no stats changed, no slot made, nothing cached or handed
@@ -7,6 +7,7 @@ to the upstream. The address -> value map under the pool, the tracker and the al
 treats address 0 as present: 0 marks its empty slots.
 """
 
+import gc
 import subprocess
 import sys
 
@@ -138,3 +139,19 @@ def test_pointer_map_count_stays_right_when_zero_is_taken():
     assert [m.find(k) for k in keys] == list(range(128))
     assert [m.take(k) for k in keys] == list(range(128))
     assert len(m) == 0
+
+
+def test_cupy_allocator_asks_no_resource_for_0_bytes():
+    pytest.importorskip("cupy", reason="the CuPy allocator test needs cupy")
+    import rmm
+
+    from rmm_fences.allocators.cupy import CupyAllocator
+
+    up = rmm.mr.StatisticsResourceAdaptor(rmm.mr.CudaMemoryResource())
+    before = up.allocation_counts
+    alloc = CupyAllocator(up, device=0)
+    mems = [alloc(0) for _ in range(4)]  # no allocation, so no null free when they die
+    assert [(m.ptr, m.mem.size, m.device_id) for m in mems] == [(0, 0, 0)] * 4
+    del mems
+    gc.collect()
+    assert up.allocation_counts == before
