@@ -4,8 +4,9 @@
 ``deallocate(0, 0)`` and ``deallocate(0, 4096)`` are no-ops for every resource of rmm_fences,
 from Python and from C++ (through an rmm adaptor), as for rmm's resources: the resource's
 counters and its upstream's stay as they were, and a later allocation is a real block that holds
-real data. The CuPy allocator asks no resource for 0 bytes, and the PyTorch allocator's free
-entry point ignores a null pointer.
+real data. The CuPy allocator asks no resource for 0 bytes, the PyTorch allocator's free entry
+point ignores a null pointer, and ``HazardTrackingResourceAdaptor.record_stream(0, s)`` raises
+ValueError.
 """
 
 import gc
@@ -130,6 +131,21 @@ def test_null_free_is_a_no_op(cupy, scenarios, rng, name, nbytes):
     assert_holds_data(cupy, scenarios, rng, mr, s)
     mr.deallocate(keep, NBYTES, rs)
     s.synchronize()
+
+
+@pytest.mark.parametrize("over_pool", [False, True], ids=["cuda", "pool"])
+def test_record_stream_of_a_null_pointer_raises(cupy, over_pool):
+    mr, _, state = _tracker(over_pool)()
+    s = cupy.cuda.Stream(non_blocking=True)
+    keep = mr.allocate(NBYTES)
+    before = state()
+    for stream in (s, rmm_stream(s)):
+        with pytest.raises(ValueError, match=r"buffer_or_ptr is a null pointer.*live allocation"):
+            mr.record_stream(0, stream)
+    assert state() == before
+    mr.deallocate(keep, NBYTES)
+    assert mr.stats["stream_waits"] == 0  # nothing was declared
+    assert mr.hazards == []
 
 
 def test_cupy_allocator_asks_no_resource_for_0_bytes(cupy, rng):

@@ -696,8 +696,20 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         ``torch.Tensor.record_stream`` promises. ``buffer_or_ptr``: the pointer an
         allocation returned, an rmm ``DeviceBuffer``, or an array with
         ``__cuda_array_interface__`` that starts at its allocation.
+
+        Raises
+        ------
+        ValueError
+            When ``buffer_or_ptr`` is not the start of a live allocation of this tracker, a
+            null pointer (0) included.
         """
         cdef uintptr_t ptr = _pointer_of(buffer_or_ptr)
+        if ptr == 0:
+            raise ValueError(
+                "buffer_or_ptr is a null pointer (0x0): record_stream takes a live allocation "
+                "of this tracker (the pointer an allocation returned, or a buffer or array that "
+                "starts at one)"
+            )
         cdef Stream s = as_stream(stream)
         cdef stream_ref c_stream = s.view()
         if not deref(self.c_obj).record_stream(<void*>ptr, c_stream):

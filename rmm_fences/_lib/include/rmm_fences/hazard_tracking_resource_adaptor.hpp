@@ -95,9 +95,13 @@ class hazard_tracking_resource_adaptor
     return get().core().deallocate(stream, ptr, bytes, alignment, stopped);
   }
 
-  /// Declares that `stream` uses the live allocation starting at `ptr`; false if there is none.
+  /// Declares that `stream` uses the live allocation starting at `ptr`; false if there is none
+  /// (always for a null `ptr`).
   bool record_stream(void* ptr, cuda::stream_ref stream)
-  { return get().core().record_stream(ptr, stream); }
+  {
+    if (ptr == nullptr) { return false; }
+    return get().core().record_stream(ptr, stream);
+  }
 
   /// Settles the deferred checks that can be settled now.
   void poll() { get().core().poll(); }
