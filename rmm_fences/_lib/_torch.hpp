@@ -245,10 +245,12 @@ inline void check_device(installation const& inst, int device)
   }
 }
 
-/// `inst`'s free of a block PyTorch hands back on `device`; never throws.
+/// `inst`'s free of a block PyTorch hands back on `device`; never throws. A null free is a
+/// no-op.
 inline void free_block(
   installation* inst, void* ptr, std::size_t size, int device, void* stream) noexcept
 {
+  if (ptr == nullptr) { return; }
   if (inst == nullptr) {
     std::fprintf(stderr,
                  "rmm_fences: torch allocator asked to free %p (%zu bytes) with no resource "

@@ -188,7 +188,8 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         Parameters
         ----------
         ptr : int
-            A pointer returned by :meth:`allocate` and not freed since.
+            A pointer returned by :meth:`allocate` and not freed since. 0 (a null pointer) is a
+            no-op whatever ``nbytes``, as for rmm's resources: nothing is counted or freed.
         nbytes : int
             The size it was allocated with.
         stream : rmm Stream, __cuda_stream__ object or None
@@ -411,7 +412,8 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM):
         """Free ``ptr`` on ``stream``: reusable on ``stream`` at once, elsewhere after a fence.
 
-        Never blocks (at most one event record), so the GIL is kept.
+        Never blocks (at most one event record), so the GIL is kept. A ``ptr`` of 0 (a null
+        pointer) is a no-op whatever ``nbytes``, as for rmm's resources: nothing is counted.
 
         Raises
         ------
@@ -694,7 +696,9 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         A double, foreign or wrong-size free never reaches the upstream. With
         ``on_hazard="raise"``, it raises :class:`HazardError`, and so does a free while a
         stream that used the block still has work queued over an upstream that is not
-        stream-ordered (``freed_in_flight``); the block then stays allocated.
+        stream-ordered (``freed_in_flight``); the block then stays allocated. A ``ptr`` of 0 (a
+        null pointer) is a no-op whatever ``nbytes``, as for rmm's resources: nothing is
+        recorded or freed.
         """
         cdef Stream s = _resource_stream(stream)
         cdef stream_ref c_stream = s.view()
@@ -715,8 +719,20 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         ``torch.Tensor.record_stream`` promises. ``buffer_or_ptr``: the pointer an
         allocation returned, an rmm ``DeviceBuffer``, or an array with
         ``__cuda_array_interface__`` that starts at its allocation.
+
+        Raises
+        ------
+        ValueError
+            When ``buffer_or_ptr`` is not the start of a live allocation of this tracker, a
+            null pointer (0) included.
         """
         cdef uintptr_t ptr = _pointer_of(buffer_or_ptr)
+        if ptr == 0:
+            raise ValueError(
+                "buffer_or_ptr is a null pointer (0x0): record_stream takes a live allocation "
+                "of this tracker (the pointer an allocation returned, or a buffer or array that "
+                "starts at one)"
+            )
         cdef Stream s = as_stream(stream)
         cdef stream_ref c_stream = s.view()
         if not deref(self.c_obj).record_stream(<void*>ptr, c_stream):

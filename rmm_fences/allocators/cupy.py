@@ -113,7 +113,8 @@ class CupyAllocator:
     resources and rmm's pool and CudaAsync do. The allocation keeps a reference to CuPy's
     stream object, so a ``cupy.cuda.Stream`` lives (is not destroyed) until the last array
     allocated on it is freed. A ``cupy.cuda.ExternalStream`` does not own its stream: whoever
-    owns it must keep it alive until those arrays are freed.
+    owns it must keep it alive until those arrays are freed. A request of 0 bytes reaches no
+    resource (as with rmm's ``DeviceBuffer``): CuPy gets a null pointer and nothing is freed.
     """
 
     __slots__ = ("mr", "device")
@@ -131,6 +132,8 @@ class CupyAllocator:
         self.mr = mr
 
     def __call__(self, nbytes: int) -> cupy.cuda.MemoryPointer:
+        if nbytes == 0:  # as rmm's DeviceBuffer: no allocation, so no (null) free to make
+            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, self.device), 0)
         cupy_stream = cupy.cuda.get_current_stream()
         stream = _stream_of(cupy_stream)
         ptr = self.mr.allocate(nbytes, stream.rmm)

@@ -447,6 +447,43 @@ cdef class HostRingDeque:
         return self.c_obj.size()
 
 
+cdef extern from "rmm_fences/detail/pointer_map.hpp" namespace "rmm_fences::mr::detail":
+    cdef cppclass pointer_map[V]:
+        pointer_map(size_t) except +MemoryError
+        size_t size()
+        size_t find_index(uintptr_t)
+        V* find(uintptr_t)
+        void insert_or_assign(uintptr_t, V) except +
+        V take(uintptr_t)
+
+
+cdef class HostPointerMap:
+    """The address -> value hash map of the pool's, tracker's and allocators' live blocks, over
+    integers (``find``/``find_index`` give None for an absent key)."""
+
+    cdef unique_ptr[pointer_map[uint64_t]] c_obj
+
+    def __cinit__(self, size_t capacity=16):
+        self.c_obj.reset(new pointer_map[uint64_t](capacity))
+
+    def insert(self, uintptr_t key, uint64_t value) -> None:
+        deref(self.c_obj).insert_or_assign(key, value)
+
+    def find(self, uintptr_t key):
+        cdef uint64_t* v = deref(self.c_obj).find(key)
+        return None if v == NULL else v[0]
+
+    def find_index(self, uintptr_t key):
+        cdef size_t i = deref(self.c_obj).find_index(key)
+        return None if i == <size_t>-1 else i
+
+    def take(self, uintptr_t key) -> int:
+        return deref(self.c_obj).take(key)
+
+    def __len__(self) -> int:
+        return deref(self.c_obj).size()
+
+
 cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testing":
     cdef cppclass wait_record "std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>":
         pass

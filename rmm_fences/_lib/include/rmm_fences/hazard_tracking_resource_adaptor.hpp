@@ -83,17 +83,25 @@ class hazard_tracking_resource_adaptor
   /**
    * @brief `deallocate` that can stop a hazard: with `stopped` given, a free that shows one
    * (a bad free, `freed_in_flight`) changes nothing, `*stopped` holds it and true is returned.
+   * A null free is a no-op (false: nothing recorded, nothing reaches the upstream).
    */
   bool deallocate_checked(cuda::stream_ref stream,
                           void* ptr,
                           std::size_t bytes,
                           std::size_t alignment,
                           hazard_record* stopped)
-  { return get().core().deallocate(stream, ptr, bytes, alignment, stopped); }
+  {
+    if (ptr == nullptr) { return false; }
+    return get().core().deallocate(stream, ptr, bytes, alignment, stopped);
+  }
 
-  /// Declares that `stream` uses the live allocation starting at `ptr`; false if there is none.
+  /// Declares that `stream` uses the live allocation starting at `ptr`; false if there is none
+  /// (always for a null `ptr`).
   bool record_stream(void* ptr, cuda::stream_ref stream)
-  { return get().core().record_stream(ptr, stream); }
+  {
+    if (ptr == nullptr) { return false; }
+    return get().core().record_stream(ptr, stream);
+  }
 
   /// Settles the deferred checks that can be settled now.
   void poll() { get().core().poll(); }

@@ -69,12 +69,14 @@ class hazard_tracking_resource_adaptor_impl {
                                std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
   { return core_.allocate(stream, bytes, alignment); }
 
-  /// Frees a tracked block; a bad free is recorded and never reaches the upstream.
+  /// Frees a tracked block; a bad free is recorded and never reaches the upstream. A null free
+  /// is a no-op (nothing recorded, nothing reaches the upstream).
   void deallocate(cuda::stream_ref stream,
                   void* ptr,
                   std::size_t bytes,
                   std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
   {
+    if (ptr == nullptr) { return; }
     try {
       (void)core_.deallocate(stream, ptr, bytes, alignment);
     } catch (...) {

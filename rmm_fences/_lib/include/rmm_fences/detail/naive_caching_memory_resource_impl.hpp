@@ -73,12 +73,14 @@ class naive_caching_memory_resource_impl {
     return upstream_.allocate(stream, bytes, alignment);
   }
 
-  /// Caches the block at once, whatever work is still queued on it.
+  /// Caches the block at once, whatever work is still queued on it. A null free is a no-op
+  /// (a null block cached would be handed out).
   void deallocate(cuda::stream_ref stream,
                   void* ptr,
                   std::size_t bytes,
                   std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
   {
+    if (ptr == nullptr) { return; }
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       cache_[{bytes, alignment}].push_back(ptr);

@@ -6,7 +6,10 @@
  * grows, and hashing costs one multiply, which keeps the tracker's hot path short.
  *
  * Invariants:
- * - key 0 marks an empty slot (0 is never a tracked address);
+ * - key 0 marks an empty slot, so address 0 is never present: `find`/`find_index` of 0 give
+ *   not-found (the probe tests for an empty slot before it compares keys, so this costs no
+ *   extra branch) and `insert_or_assign` of 0 throws std::invalid_argument (one never-taken
+ *   branch beside the growth test). `size()` counts only real entries;
  * - every key sits at or after its home slot, with no empty slot in between (wrapping);
  * - at most half the slots are used.
  */
@@ -14,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -30,13 +34,13 @@ class pointer_map {
   /// What `find_index` returns for a key that is not present.
   static constexpr std::size_t npos = ~std::size_t{0};
 
-  /// The slot of `key`, or `npos`: with `value_at` and `erase_at`, a lookup followed by an
-  /// erase costs one probe.
+  /// The slot of `key`, or `npos` (always for key 0): with `value_at` and `erase_at`, a lookup
+  /// followed by an erase costs one probe.
   [[nodiscard]] std::size_t find_index(std::uintptr_t key) const noexcept
   {
     for (auto i = home(key);; i = next(i)) {
+      if (slots_[i].key == 0) { return npos; }  // first: key 0 (the empty marker) never matches
       if (slots_[i].key == key) { return i; }
-      if (slots_[i].key == 0) { return npos; }
     }
   }
 
@@ -50,9 +54,11 @@ class pointer_map {
     return i == npos ? nullptr : &slots_[i].value;
   }
 
-  /// Inserts or replaces the value of `key` (non-zero). May grow the table.
+  /// Inserts or replaces the value of `key`. May grow the table. Key 0 (the empty-slot marker,
+  /// never an address handed out) throws std::invalid_argument and changes nothing.
   void insert_or_assign(std::uintptr_t key, Value value)
   {
+    if (key == 0) [[unlikely]] { throw_zero_key(); }
     if (2 * (size_ + 1) > slots_.size()) { rehash(2 * slots_.size()); }
     for (auto i = home(key);; i = next(i)) {
       auto& s = slots_[i];
@@ -69,7 +75,7 @@ class pointer_map {
     }
   }
 
-  /// Removes `key`'s entry and returns its value (a default value when `key` is absent).
+  /// Removes `key`'s entry and returns its value (a default value when `key` is absent or 0).
   Value take(std::uintptr_t key) noexcept
   {
     auto const i = find_index(key);
@@ -123,6 +129,12 @@ class pointer_map {
     std::uintptr_t key{};
     Value value{};
   };
+
+  [[noreturn, gnu::cold, gnu::noinline]] static void throw_zero_key()
+  {
+    throw std::invalid_argument(
+      "pointer_map: key 0 marks an empty slot and is never an address: nothing inserted");
+  }
 
   static std::size_t round_up(std::size_t n)
   {

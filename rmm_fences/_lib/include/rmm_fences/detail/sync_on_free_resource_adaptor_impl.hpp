@@ -79,23 +79,31 @@ class sync_on_free_resource_adaptor_impl {
 
   /// Frees by the mode's rule; never blocks in deferred mode. A bad free (double free, foreign
   /// pointer, size mismatch) changes nothing: counted in `rejected_frees`, one line on stderr.
+  /// A null free is a no-op (nothing counted, nothing reaches the upstream).
   void deallocate(cuda::stream_ref stream,
                   void* ptr,
                   std::size_t bytes,
                   std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  { core_.deallocate(stream, ptr, bytes, alignment); }
+  {
+    if (ptr == nullptr) { return; }
+    core_.deallocate(stream, ptr, bytes, alignment);
+  }
 
   /**
    * @brief `deallocate` that returns what the check of the free found instead of printing it.
    *
-   * On a double free, a foreign pointer or a size mismatch nothing is done.
+   * On a double free, a foreign pointer or a size mismatch nothing is done. A null free is a
+   * no-op: `untracked`, nothing counted, nothing reaches the upstream.
    */
   rmm_fences::mr::free_result deallocate_checked(
     cuda::stream_ref stream,
     void* ptr,
     std::size_t bytes,
     std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
-  { return core_.deallocate_checked(stream, ptr, bytes, alignment); }
+  {
+    if (ptr == nullptr) { return {rmm_fences::mr::free_check::untracked, 0}; }
+    return core_.deallocate_checked(stream, ptr, bytes, alignment);
+  }
 
   /// Allocates on the default stream and synchronizes it.
   [[nodiscard]] void* allocate_sync(std::size_t bytes,

@@ -119,12 +119,14 @@ class unmapping_vmm_memory_resource_impl {
     return reinterpret_cast<void*>(ptr);
   }
 
-  /// Unmaps and releases the physical memory at once (no fence: that is the hazard).
+  /// Unmaps and releases the physical memory at once (no fence: that is the hazard). A null
+  /// free is a no-op.
   void deallocate(cuda::stream_ref,
                   void* p,
                   std::size_t,
                   std::size_t = rmm::CUDA_ALLOCATION_ALIGNMENT) noexcept
   {
+    if (p == nullptr) { return; }
     auto const ptr = reinterpret_cast<CUdeviceptr>(p);
     std::lock_guard<std::mutex> lock(mutex_);
     auto const it = live_.find(ptr);

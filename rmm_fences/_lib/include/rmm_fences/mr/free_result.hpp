@@ -12,7 +12,8 @@ namespace rmm_fences::mr {
 /// What the check of a free found.
 enum class free_check : int {
   ok            = 0,  ///< a live block of this size handed out by the adaptor
-  untracked     = 1,  ///< a null pointer, or a size-0 free of an untracked pointer: passed through
+  untracked     = 1,  ///< a null pointer (a no-op), or a size-0 free of an untracked pointer
+                      ///< (passed through)
   unknown       = 2,  ///< not handed out by the adaptor, or already returned to the upstream
   pending       = 3,  ///< already freed: its release waits for a fence (a double free)
   size_mismatch = 4,  ///< handed out with another size
