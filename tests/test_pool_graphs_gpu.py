@@ -441,8 +441,9 @@ def _assert_capture_survived(out):
 
 #: Orphans for the global-capture tests: 120 streams (past their young frees) of 320 KiB
 #: dropped without retire_stream (37.5 MiB of the 64 MiB pool), then 150 streams of 256
-#: bytes, whose new slots make the sweeps that retire the first 120 (a slot is retired at the second sweep after
-#: its last use; a sweep comes every 64 new slots). The shared list keeps about 26.5 MiB.
+#: bytes, whose new slots make the sweeps that retire the first 120 (a slot is retired at the
+#: second sweep after its last use; a sweep comes every 64 new slots). The shared list keeps
+#: about 26.5 MiB.
 ORPHAN_STREAMS, ORPHAN_BYTES, FILLER_STREAMS = 120, 320 << 10, 150
 #: More than the shared list holds, less than the orphans: the request that used to reclaim
 #: the orphans through a device synchronization.
