@@ -404,23 +404,4 @@ class deferred_free_list {
   deferred::fence_slots<fence_type> slots_;
 };
 
-/**
- * @brief Allocation with one drain-and-retry on out-of-memory.
- *
- * Calls `try_allocate()`; if it throws `OutOfMemory` and `drain()` freed something (returns
- * true), calls `try_allocate()` once more. Any second failure propagates.
- *
- * @return the pointer and whether a retry happened
- */
-template <typename OutOfMemory, typename TryAllocate, typename Drain>
-std::pair<void*, bool> allocate_with_drain(TryAllocate&& try_allocate, Drain&& drain)
-{
-  try {
-    return {try_allocate(), false};
-  } catch (OutOfMemory const&) {
-    if (!drain()) { throw; }
-  }
-  return {try_allocate(), true};
-}
-
 }  // namespace rmm_fences::mr::detail
