@@ -95,7 +95,7 @@ class fence_batcher {
     auto const key = platform_.key(stream);
     buffer ready{&spill_};
     if (auto const before = list_.take_ready(key, ready); before.has_value()) {
-      refence(stream, key, *before);
+      fence_before(stream, key, *before);
     }
     release(ready, stream);
   }
@@ -105,7 +105,7 @@ class fence_batcher {
   {
     auto const key = platform_.key(stream);
     if (auto const before = list_.batch_to_fence(key); before.has_value()) {
-      refence(stream, key, *before);
+      fence_before(stream, key, *before);
     }
   }
 
@@ -165,7 +165,7 @@ class fence_batcher {
 
   /// A fence for the blocks of `key` listed before `before` that were freed on this very
   /// `stream` (its identity asked first); nothing changes when none can be recorded.
-  void refence(stream_type stream, std::uintptr_t key, std::uint64_t before) noexcept
+  void fence_before(stream_type stream, std::uintptr_t key, std::uint64_t before) noexcept
   {
     buffer none{&spill_};
     fence_listed(stream,
