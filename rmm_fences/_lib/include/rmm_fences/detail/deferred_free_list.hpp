@@ -2,28 +2,24 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * Policy core of the deferred free (docs/design.md#layers, policy cores): no CUDA calls.
+ * The list's rules; its parts are
+ *   deferred/stream_queues.hpp  the entries, one FIFO queue per stream, and their counters
+ *   deferred/fence_slots.hpp    the reference counts of fences shared by a batch
+ *   deferred/wait_all.hpp       the owner's waits on the fences of entries taken out
  */
 #pragma once
 
+#include <rmm_fences/detail/deferred/fence_slots.hpp>
+#include <rmm_fences/detail/deferred/stream_queues.hpp>
+#include <rmm_fences/detail/deferred/wait_all.hpp>
 #include <rmm_fences/detail/inline_vector.hpp>
-#include <rmm_fences/detail/ring_deque.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <utility>
-#include <vector>
 
 namespace rmm_fences::mr::detail {
-
-/**
- * @brief A block whose release to the upstream waits for a fence.
- */
-struct deferred_block {
-  void* ptr{};
-  std::size_t bytes{};
-  std::size_t alignment{};
-};
 
 /**
  * @brief Blocks freed while device work may still use them, each waiting for its fence.
@@ -36,7 +32,9 @@ struct deferred_block {
  *   void release_fence(fence_type) noexcept;   // the fence is no longer needed (recycled)
  *
  * The CUDA build uses events recorded on the freeing stream; the CPU tests use fences they
- * signal by hand. The list holds no lock and never blocks: its owner serializes every call and
+ * signal by hand.
+ *
+ * Lock rule: the list holds no lock and never blocks. Its owner serializes every call and
  * waits on the fences of entries it took out (`take_*`) outside its lock; entries whose wait
  * failed go back with `restore`, the others are handed to `settle` once released.
  *
@@ -56,9 +54,8 @@ struct deferred_block {
  *    block, and puts it back with `restore` when that failed;
  *  - batched and parked entries get a fence only through `arm()`, on the very stream that freed
  *    them (same key and same stream identity, or the entry freed in the very call that arms);
- *  - entries sharing a fence hold one reference each to it: the fence goes back to `FenceOps`
- *    (`release_fence`) only when the last of them left the list and was settled, so a fence is
- *    never recycled (and recorded again elsewhere) while an entry still relies on it;
+ *  - entries sharing a fence hold one reference each to it (`deferred::fence_slots`): the fence
+ *    goes back to `FenceOps` only when the last of them left the list and was settled;
  *  - `pending_bytes()` and `pending_count()` are the sums over every entry still listed.
  *
  * FIFO per stream is an optimisation, not a correctness rule: fences recorded on one stream
@@ -66,37 +63,18 @@ struct deferred_block {
  * not ready and does not test the entries behind it; entries sharing a fence are tested once.
  * Every released entry had its own fence tested, so a key shared by two streams only delays
  * releases.
- *
- * Streams are few, so queues live in a small vector searched linearly; an emptied queue is
- * kept (its storage is reused by the next free on that stream) until more than
- * `max_idle_queues` are empty. A queue is a ring (`ring_deque`) that keeps its storage: a
- * steady state of frees and releases on a stream allocates nothing. A queue's storage above
- * `kept_entries` entries is given back once a quarter of it or less is used.
  */
 template <typename FenceOps>
 class deferred_free_list {
  public:
   using fence_type = typename FenceOps::fence_type;
-  using stream_key = std::uintptr_t;
+  using stream_key = deferred::stream_key;
+  using entry      = deferred::entry<fence_type>;
+  using batch_size = deferred::batch_size;
 
-  /// Identity of a stream that cannot be verified: its entries are armed only in the call that
-  /// freed them.
-  static constexpr std::uint64_t unknown_stream = 0;
-  /// No entry (an `own_seq` that matches nothing).
-  static constexpr std::uint64_t no_entry = ~std::uint64_t{0};
-  /// An entry that holds no reference to a shared fence.
-  static constexpr std::uint32_t no_slot = ~std::uint32_t{0};
-
-  /// One listed block; `seq` orders entries across streams (oldest first).
-  struct entry {
-    deferred_block block;
-    std::optional<fence_type> fence;
-    std::uint64_t seq{};
-    stream_key key{};
-    std::uint64_t stream_id{};    ///< unfenced entries: the freeing stream's identity, or unknown
-    std::uint32_t slot{no_slot};  ///< while fenced: its reference to the shared fence
-    bool parked{};                ///< unfenced: parked rather than batched
-  };
+  static constexpr std::uint64_t unknown_stream = deferred::unknown_stream;
+  static constexpr std::uint64_t no_entry       = deferred::no_entry;
+  static constexpr std::uint32_t no_slot        = deferred::no_slot;
 
   /// Heap storage of `entry_buffer`s kept for the next ones (their owner holds one).
   using entry_spill_cache = spill_cache<entry, 8>;
@@ -105,19 +83,9 @@ class deferred_free_list {
   /// an `entry_spill_cache` (no heap use in a steady state).
   using entry_buffer = inline_vector<entry, 4, entry_spill_cache>;
 
-  static constexpr std::size_t max_idle_queues = 16;
-
   /// `kept_entries`: the storage a stream's queue keeps for reuse however few entries it
   /// holds (its owner passes what its batches need).
-  explicit deferred_free_list(std::size_t kept_entries = 256) noexcept : kept_entries_{kept_entries}
-  {
-  }
-
-  /// The batch of a stream: its batched entries.
-  struct batch_size {
-    std::size_t count{};
-    std::size_t bytes{};
-  };
+  explicit deferred_free_list(std::size_t kept_entries = 256) noexcept : queues_{kept_entries} {}
 
   /// What `push` did: the entry's sequence number and its stream's batch with it.
   struct pushed {
@@ -129,14 +97,9 @@ class deferred_free_list {
   /// Appends a block freed on `stream` (identity `stream_id`, or unknown) to its batch.
   pushed push(stream_key stream, std::uint64_t stream_id, deferred_block block)
   {
-    auto& q        = queue_of(stream);
-    auto const seq = next_seq_;
-    q.entries.push_back(entry{block, std::nullopt, seq, stream, stream_id, no_slot, false});
-    ++next_seq_;
-    ++q.batched;
-    q.batched_bytes += block.bytes;
-    added(block.bytes);
-    return {seq, batch_size{q.batched, q.batched_bytes}, q.armable > 0};
+    auto const seq = queues_.next_seq();
+    auto const& q  = queues_.append(stream, stream_id, block, /*parked=*/false);
+    return {seq, q.batch(), q.armable > 0};
   }
 
   /**
@@ -146,38 +109,32 @@ class deferred_free_list {
    * `unknown_stream`: such an entry leaves only through `take_unfenced`.
    */
   void park(stream_key stream, std::uint64_t stream_id, deferred_block block)
-  {
-    auto& q = queue_of(stream);
-    q.entries.push_back(entry{block, std::nullopt, next_seq_, stream, stream_id, no_slot, true});
-    ++next_seq_;
-    note_parked(q, stream_id);
-    added(block.bytes);
-  }
+  { (void)queues_.append(stream, stream_id, block, /*parked=*/true); }
 
   /// The sequence number the next entry will get: entries listed so far are below it.
-  [[nodiscard]] std::uint64_t next_seq() const noexcept { return next_seq_; }
+  [[nodiscard]] std::uint64_t next_seq() const noexcept { return queues_.next_seq(); }
 
   /// The batched entries of `stream`.
   [[nodiscard]] batch_size batch(stream_key stream) const
   {
-    auto const* q = find(stream);
-    return q == nullptr ? batch_size{} : batch_size{q->batched, q->batched_bytes};
+    auto const* q = queues_.find(stream);
+    return q == nullptr ? batch_size{} : q->batch();
   }
 
   /// Number of parked entries over all streams.
-  [[nodiscard]] std::size_t parked_count() const noexcept { return parked_count_; }
+  [[nodiscard]] std::size_t parked_count() const noexcept { return queues_.parked_count(); }
 
   /// Number of parked entries that a fence on their stream could arm (identity known).
-  [[nodiscard]] std::size_t armable_count() const noexcept { return armable_count_; }
+  [[nodiscard]] std::size_t armable_count() const noexcept { return queues_.armable_count(); }
 
   /// Number of fenced entries over all streams.
-  [[nodiscard]] std::size_t fenced_count() const noexcept { return fenced_count_; }
+  [[nodiscard]] std::size_t fenced_count() const noexcept { return queues_.fenced_count(); }
 
   /// True when `stream` has parked entries that a fence on it could arm (identity known).
   [[nodiscard]] bool has_armable(stream_key stream) const
   {
-    if (armable_count_ == 0) { return false; }
-    auto const* q = find(stream);
+    if (queues_.armable_count() == 0) { return false; }
+    auto const* q = queues_.find(stream);
     return q != nullptr && q->armable > 0;
   }
 
@@ -202,27 +159,23 @@ class deferred_free_list {
                   std::uint64_t before,
                   fence_type fence)
   {
-    auto* q = find(stream);
+    auto* q = queues_.find(stream);
     if (q == nullptr) { return 0; }
-    auto const slot   = new_slot(fence);
+    auto const slot   = slots_.add(fence);
     std::size_t armed = 0;
     for_unfenced(*q, stream_id, own_seq, before, [&](entry& e, bool eligible) {
       if (!eligible) {
-        demote(*q, e);
+        queues_.demote(*q, e);
         return false;
       }
-      leave_unfenced(*q, e);
-      e.fence = fence;
-      e.slot  = slot;
-      ++q->fenced;
-      ++fenced_count_;
+      queues_.arm(*q, e, fence, slot);
       ++armed;
       return false;
     });
     if (armed == 0) {
-      free_slot(slot);
+      slots_.discard(slot);
     } else {
-      slots_[slot].refs = armed;
+      slots_.set_refs(slot, armed);
     }
     return armed;
   }
@@ -239,21 +192,19 @@ class deferred_free_list {
                    std::uint64_t before,
                    Out& out)
   {
-    auto* q = find(stream);
+    auto* q = queues_.find(stream);
     if (q == nullptr) { return false; }
     bool own = false;
     for_unfenced(*q, stream_id, own_seq, before, [&](entry& e, bool eligible) {
       if (!eligible) {
-        demote(*q, e);
+        queues_.demote(*q, e);
         return false;
       }
       out.push_back(e);
-      leave_unfenced(*q, e);
-      removed(e.block.bytes);
       own = own || e.seq == own_seq;
       return true;
     });
-    prune();
+    queues_.prune();
     return own;
   }
 
@@ -269,7 +220,7 @@ class deferred_free_list {
                                                 std::uint64_t own_seq,
                                                 std::uint64_t before)
   {
-    auto* q = find(stream);
+    auto* q = queues_.find(stream);
     if (q == nullptr) { return {0, false}; }
     std::size_t parked = 0;
     bool own           = false;
@@ -279,7 +230,7 @@ class deferred_free_list {
         ++parked;
         own = own || e.seq == own_seq;
       }
-      demote(*q, e);
+      queues_.demote(*q, e);
       return false;
     });
     return {parked, own};
@@ -299,38 +250,12 @@ class deferred_free_list {
   template <typename Out>
   std::size_t release_ready(FenceOps& ops, Out& out)
   {
-    if (fenced_count_ == 0) { return 0; }
+    if (queues_.fenced_count() == 0) { return 0; }
     std::size_t moved = 0;
-    for (auto& [key, q] : queues_) {
-      std::size_t left = q.fenced;
-      auto ready_slot  = no_slot;
-      for (auto it = q.entries.begin(); left > 0 && it != q.entries.end();) {
-        // Unfenced entries are stepped over: they must not hold back later frees.
-        if (!it->fence.has_value()) {
-          ++it;
-          continue;
-        }
-        --left;
-        if (it->slot != ready_slot) {
-          if (!ops.ready(*it->fence)) { break; }
-          ready_slot = it->slot;
-        }
-        out.push_back(*it);
-        --q.fenced;
-        --fenced_count_;
-        removed(it->block.bytes);
-        drop_ref(ops, it->slot);
-        out[out.size() - 1].slot = no_slot;
-        if (it == q.entries.begin()) {  // the usual case, cheaper than a general erase
-          q.entries.pop_front();
-          it = q.entries.begin();
-        } else {
-          it = q.entries.erase(it);
-        }
-        ++moved;
-      }
+    for (auto& [key, q] : queues_.all()) {
+      moved += release_ready_from(ops, q, out);
     }
-    if (moved > 0) { prune(); }
+    if (moved > 0) { queues_.prune(); }
     return moved;
   }
 
@@ -343,23 +268,20 @@ class deferred_free_list {
   template <typename Out>
   void take_oldest_until(std::size_t max_bytes, Out& out)
   {
-    while (pending_bytes_ > max_bytes) {
-      auto [q, it] = oldest_fenced();
+    while (queues_.pending_bytes() > max_bytes) {
+      auto [q, it] = queues_.oldest_fenced();
       if (q == nullptr) { break; }
       out.push_back(*it);
-      --q->fenced;
-      --fenced_count_;
-      removed(it->block.bytes);
-      q->entries.erase(it);
+      (void)queues_.remove(*q, it);
     }
-    prune();
+    queues_.prune();
   }
 
   /// Moves every fenced entry into `out`; the caller waits on each fence before the release.
   template <typename Out>
   void take_all_fenced(Out& out)
   {
-    take_if(out, [](entry const& e) { return e.fence.has_value(); });
+    queues_.take_if(out, [](entry const& e) { return e.fence.has_value(); });
   }
 
   /**
@@ -371,7 +293,7 @@ class deferred_free_list {
   template <typename Out>
   void take_unfenced(Out& out)
   {
-    take_if(out, [](entry const& e) { return !e.fence.has_value(); });
+    queues_.take_if(out, [](entry const& e) { return !e.fence.has_value(); });
   }
 
   /**
@@ -384,22 +306,7 @@ class deferred_free_list {
   void restore(Entries& entries)
   {
     for (auto& e : entries) {
-      auto& q = queue_of(e.key);
-      auto it = q.entries.begin();
-      while (it != q.entries.end() && it->seq < e.seq) {
-        ++it;
-      }
-      q.entries.insert(it, e);
-      if (e.fence.has_value()) {
-        ++q.fenced;
-        ++fenced_count_;
-      } else if (e.parked) {
-        note_parked(q, e.stream_id);
-      } else {
-        ++q.batched;
-        q.batched_bytes += e.block.bytes;
-      }
-      added(e.block.bytes);
+      queues_.insert(e);
     }
   }
 
@@ -411,112 +318,56 @@ class deferred_free_list {
   void settle(FenceOps& ops, Entries& entries) noexcept
   {
     for (auto& e : entries) {
-      drop_ref(ops, e.slot);
+      slots_.drop(ops, e.slot);
       e.slot = no_slot;
     }
   }
 
   /// True when a block starting at `ptr` is listed (its free is pending).
-  [[nodiscard]] bool contains(void const* ptr) const noexcept { return lookup(ptr) != nullptr; }
+  [[nodiscard]] bool contains(void const* ptr) const noexcept
+  { return queues_.lookup(ptr) != nullptr; }
 
   /// The fence the listed block at `ptr` waits for; empty when it is not listed or unfenced.
   [[nodiscard]] std::optional<fence_type> fence_of(void const* ptr) const noexcept
   {
-    auto const* e = lookup(ptr);
+    auto const* e = queues_.lookup(ptr);
     return e == nullptr ? std::nullopt : e->fence;
   }
 
   /// Bytes of every listed block.
-  [[nodiscard]] std::size_t pending_bytes() const noexcept { return pending_bytes_; }
+  [[nodiscard]] std::size_t pending_bytes() const noexcept { return queues_.pending_bytes(); }
 
   /// Number of listed blocks.
-  [[nodiscard]] std::size_t pending_count() const noexcept { return pending_count_; }
+  [[nodiscard]] std::size_t pending_count() const noexcept { return queues_.pending_count(); }
 
  private:
-  struct queue {
-    ring_deque<entry> entries;
-    std::size_t fenced{};         ///< entries with a fence
-    std::size_t batched{};        ///< entries waiting for their batch's fence
-    std::size_t batched_bytes{};  ///< their bytes
-    std::size_t armable{};        ///< parked entries with a known identity
-  };
+  using queue = typename deferred::stream_queues<fence_type>::queue_type;
 
-  struct fence_slot {
-    fence_type fence{};
-    std::size_t refs{};  ///< entries holding the fence, listed or taken out and not settled
-  };
-
-  [[nodiscard]] queue const* find(stream_key stream) const
+  /// `release_ready` on one queue: its leading ready fenced entries, unfenced ones skipped.
+  template <typename Out>
+  std::size_t release_ready_from(FenceOps& ops, queue& q, Out& out)
   {
-    for (auto const& [key, q] : queues_) {
-      if (key == stream) { return &q; }
-    }
-    return nullptr;
-  }
-
-  [[nodiscard]] queue* find(stream_key stream)
-  { return const_cast<queue*>(static_cast<deferred_free_list const*>(this)->find(stream)); }
-
-  queue& queue_of(stream_key stream)
-  {
-    auto* q = find(stream);
-    return q != nullptr ? *q : queues_.emplace_back(stream, queue{}).second;
-  }
-
-  [[nodiscard]] entry const* lookup(void const* ptr) const noexcept
-  {
-    for (auto const& [key, q] : queues_) {
-      for (auto const& e : q.entries) {
-        if (e.block.ptr == ptr) { return &e; }
+    std::size_t moved = 0;
+    std::size_t left  = q.fenced;
+    auto ready_slot   = no_slot;
+    for (auto it = q.entries.begin(); left > 0 && it != q.entries.end();) {
+      // Unfenced entries are stepped over: they must not hold back later frees.
+      if (!it->fence.has_value()) {
+        ++it;
+        continue;
       }
+      --left;
+      if (it->slot != ready_slot) {
+        if (!ops.ready(*it->fence)) { break; }
+        ready_slot = it->slot;
+      }
+      out.push_back(*it);
+      slots_.drop(ops, it->slot);
+      out[out.size() - 1].slot = no_slot;
+      it                       = queues_.remove(q, it);
+      ++moved;
     }
-    return nullptr;
-  }
-
-  void added(std::size_t bytes) noexcept
-  {
-    pending_bytes_ += bytes;
-    ++pending_count_;
-  }
-
-  void removed(std::size_t bytes) noexcept
-  {
-    pending_bytes_ -= bytes;
-    --pending_count_;
-  }
-
-  void note_parked(queue& q, std::uint64_t stream_id) noexcept
-  {
-    ++parked_count_;
-    if (stream_id != unknown_stream) {
-      ++q.armable;
-      ++armable_count_;
-    }
-  }
-
-  /// Takes an unfenced entry out of its state's counters (it stays in the queue).
-  void leave_unfenced(queue& q, entry const& e) noexcept
-  {
-    if (!e.parked) {
-      --q.batched;
-      q.batched_bytes -= e.block.bytes;
-      return;
-    }
-    --parked_count_;
-    if (e.stream_id != unknown_stream) {
-      --q.armable;
-      --armable_count_;
-    }
-  }
-
-  /// Makes an unfenced entry parked with an unknown identity: never armed again.
-  void demote(queue& q, entry& e) noexcept
-  {
-    if (e.parked && e.stream_id == unknown_stream) { return; }
-    leave_unfenced(q, e);
-    e.parked    = true;
-    e.stream_id = unknown_stream;
-    note_parked(q, unknown_stream);
+    return moved;
   }
 
   /**
@@ -524,7 +375,7 @@ class deferred_free_list {
    * `before` that an arm with (`stream_id`, `own_seq`) concerns: eligible ones (the entry
    * `own_seq`; with a known `stream_id`, those noted with it) and, with a known `stream_id`,
    * the others (freed on a stream that is gone). Entries of another identity are left alone
-   * when `stream_id` is unknown. `visit` returns true when it took the entry out.
+   * when `stream_id` is unknown. `visit` returns true to take the entry out of the list.
    */
   template <typename Visit>
   void for_unfenced(
@@ -542,174 +393,15 @@ class deferred_free_list {
         continue;
       }
       if (visit(*it, eligible)) {
-        it = q.entries.erase(it);
+        it = queues_.remove(q, it);
       } else {
         ++it;
       }
     }
   }
 
-  std::uint32_t new_slot(fence_type fence)
-  {
-    if (free_slots_.empty()) {
-      // so that free_slot never allocates (doubling, as slots_ grows)
-      if (free_slots_.capacity() <= slots_.size()) { free_slots_.reserve(2 * slots_.size() + 1); }
-      slots_.push_back(fence_slot{fence, 0});
-      return static_cast<std::uint32_t>(slots_.size() - 1);
-    }
-    auto const slot = free_slots_.back();
-    free_slots_.pop_back();
-    slots_[slot] = fence_slot{fence, 0};
-    return slot;
-  }
-
-  void free_slot(std::uint32_t slot) noexcept { free_slots_.push_back(slot); }
-
-  void drop_ref(FenceOps& ops, std::uint32_t slot) noexcept
-  {
-    if (slot == no_slot) { return; }
-    if (--slots_[slot].refs == 0) {
-      ops.release_fence(slots_[slot].fence);
-      free_slot(slot);
-    }
-  }
-
-  template <typename Out, typename Pred>
-  void take_if(Out& out, Pred&& pred)
-  {
-    for (auto& [key, q] : queues_) {
-      for (auto it = q.entries.begin(); it != q.entries.end();) {
-        if (!pred(*it)) {
-          ++it;
-          continue;
-        }
-        out.push_back(*it);  // may throw: the list is unchanged for this entry then
-        if (it->fence.has_value()) {
-          --q.fenced;
-          --fenced_count_;
-        } else {
-          leave_unfenced(q, *it);
-        }
-        removed(it->block.bytes);
-        it = q.entries.erase(it);
-      }
-    }
-    prune();
-  }
-
-  /// The queue holding the oldest fenced entry and that entry, or {nullptr, {}}.
-  std::pair<queue*, typename ring_deque<entry>::iterator> oldest_fenced()
-  {
-    queue* best = nullptr;
-    typename ring_deque<entry>::iterator best_it{};
-    for (auto& [key, q] : queues_) {
-      if (q.fenced == 0) { continue; }
-      for (auto it = q.entries.begin(); it != q.entries.end(); ++it) {
-        if (!it->fence.has_value()) { continue; }
-        if (best == nullptr || it->seq < best_it->seq) {
-          best    = &q;
-          best_it = it;
-        }
-        break;  // the first fenced entry of a queue is its oldest
-      }
-    }
-    return {best, best_it};
-  }
-
-  /// Gives back the storage of queues that shrank below a quarter of it (above
-  /// `kept_entries_`); drops empty queues once too many are idle (streams come and go).
-  void prune()
-  {
-    std::size_t idle = 0;
-    for (auto& [key, q] : queues_) {
-      q.entries.shrink(kept_entries_);
-      idle += q.entries.empty();
-    }
-    if (idle <= max_idle_queues) { return; }
-    std::vector<std::pair<stream_key, queue>> kept;
-    for (auto& kq : queues_) {
-      if (!kq.second.entries.empty()) { kept.push_back(std::move(kq)); }
-    }
-    queues_.swap(kept);
-  }
-
-  std::size_t kept_entries_;
-  std::vector<std::pair<stream_key, queue>> queues_;
-  std::vector<fence_slot> slots_;
-  std::vector<std::uint32_t> free_slots_;  // capacity >= slots_.size(): pushing never throws
-  std::size_t pending_bytes_{};
-  std::size_t pending_count_{};
-  std::size_t parked_count_{};
-  std::size_t armable_count_{};
-  std::size_t fenced_count_{};
-  std::uint64_t next_seq_{};
+  deferred::stream_queues<fence_type> queues_;
+  deferred::fence_slots<fence_type> slots_;
 };
-
-/// What `wait_all` did: fence waits that succeeded and that failed.
-struct wait_counts {
-  std::size_t succeeded{};
-  std::size_t failed{};
-};
-
-/**
- * @brief Waits on the fence of every entry of `taken` that is not ready yet.
- *
- * Entries whose fence completed or was waited on go to `done`; entries whose wait failed (no
- * information: never read as complete) and unfenced entries go to `failed`. Entries sharing a
- * fence (same slot) are tested and waited on once. `taken` is cleared.
- */
-template <typename FenceOps, typename Entries>
-wait_counts wait_all(FenceOps& ops, Entries& taken, Entries& done, Entries& failed)
-{
-  constexpr auto no_slot = ~std::uint32_t{0};
-  wait_counts counts;
-  auto last_slot = no_slot;
-  bool last_done = false;
-  for (auto& e : taken) {
-    if (!e.fence.has_value()) {
-      failed.push_back(e);
-      continue;
-    }
-    bool ok = false;
-    if (e.slot != no_slot && e.slot == last_slot) {
-      ok = last_done;
-    } else if (ops.ready(*e.fence)) {
-      ok = true;
-    } else if (ops.host_wait(*e.fence)) {
-      ++counts.succeeded;
-      ok = true;
-    } else {
-      ++counts.failed;
-    }
-    last_slot = e.slot;
-    last_done = ok;
-    if (ok) {
-      done.push_back(e);
-    } else {
-      failed.push_back(e);
-    }
-  }
-  taken.clear();
-  return counts;
-}
-
-/**
- * @brief Allocation with one drain-and-retry on out-of-memory.
- *
- * Calls `try_allocate()`; if it throws `OutOfMemory` and `drain()` freed something (returns
- * true), calls `try_allocate()` once more. Any second failure propagates.
- *
- * @return the pointer and whether a retry happened
- */
-template <typename OutOfMemory, typename TryAllocate, typename Drain>
-std::pair<void*, bool> allocate_with_drain(TryAllocate&& try_allocate, Drain&& drain)
-{
-  try {
-    return {try_allocate(), false};
-  } catch (OutOfMemory const&) {
-    if (!drain()) { throw; }
-  }
-  return {try_allocate(), true};
-}
 
 }  // namespace rmm_fences::mr::detail
