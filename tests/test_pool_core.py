@@ -827,3 +827,15 @@ def test_growth_in_capture_does_not_double_the_pool():
     assert len(in_capture) < 12
     assert p.violations == []
     p.deallocate(a, 256 << 20, stream=0)
+
+
+def test_a_one_block_pool_shared_by_two_streams_never_runs_short():
+    """The race trial's pattern, past the streams' young frees: each stream frees the pool's
+    one block and the other takes it next. Once a stream's fenced block was taken by another,
+    its big frees stay fenced, so the other never finds it cached and unfenced."""
+    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=1 << 20)
+    for i in range(200):
+        s = 1 + i % 2
+        p.deallocate(p.allocate(1 << 20, stream=s), 1 << 20, stream=s)
+    assert p.syncs == [] and p.stats["cross_stream_reuse"] >= 199
+    assert p.violations == []

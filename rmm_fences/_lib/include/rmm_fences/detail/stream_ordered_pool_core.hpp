@@ -646,6 +646,9 @@ class stream_ordered_pool_core {
     std::mutex mutex;            // guards event and number
     std::optional<fence_type> event;
     std::uint64_t number{};  // how many times it was recorded
+    // Another stream took a block this fence guarded: its slot's big frees are fenced at once
+    // (the byte rule) until the slot takes back a block it fenced that nobody took.
+    std::atomic<bool> wanted{};
   };
   using cell_ptr = std::shared_ptr<fence_cell>;
 
@@ -1357,7 +1360,10 @@ class stream_ordered_pool_core {
     // The byte rule holds only while other streams want this one's bytes (`request_fences`,
     // until it takes back a block it fenced for nobody): a stream that reuses its own big
     // block, and that no other stream waits for, never fences it.
-    if (!slot.demanded.load(std::memory_order_relaxed)) { return false; }
+    if (!slot.demanded.load(std::memory_order_relaxed) &&
+        !slot.cell->wanted.load(std::memory_order_relaxed)) {
+      return false;
+    }
     auto const pool   = pool_bytes_.load(std::memory_order_relaxed);
     auto const cached = slot.cache.free_bytes() + slot.recent_bytes;
     return cached >= std::max<std::size_t>(pool / fence_fraction, 1);
@@ -1448,6 +1454,9 @@ class stream_ordered_pool_core {
         if (b.ptr == nullptr) { return nullptr; }
       }
       if (cross_stream) { cross_stream_reuse_.fetch_add(1, std::memory_order_relaxed); }
+      for (auto const& w : waits) {
+        w.first->wanted.store(true, std::memory_order_relaxed);
+      }
     }
     // Only its own fence guards the block: it takes back bytes it fenced that nobody took.
     bool const own_only = !b.tag.needs.empty() &&
@@ -1462,7 +1471,10 @@ class stream_ordered_pool_core {
       throw;
     }
     // Nobody needed what it fenced: stop fencing its bytes eagerly.
-    if (own_only) { slot.demanded.store(false, std::memory_order_relaxed); }
+    if (own_only) {
+      slot.demanded.store(false, std::memory_order_relaxed);
+      slot.cell->wanted.store(false, std::memory_order_relaxed);
+    }
     return account(b.ptr, b.size);
   }
 
