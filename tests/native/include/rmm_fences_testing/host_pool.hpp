@@ -796,16 +796,9 @@ class host_pool {
         auto const tt               = static_cast<std::uint64_t>(t);
         std::uint64_t const lasting = 1000 + tt;
         std::vector<std::pair<void*, std::size_t>> held;  // freed later on `lasting`
-        auto size = [&rng] {
-          return (rng() % 8 == 0) ? (std::size_t{1} << (14 + rng() % 5)) : 256 * (1 + rng() % 32);
-        };
-        auto try_allocate = [&](std::uint64_t s, std::size_t n) -> void* {
-          try {
-            return allocate(s, n, 256);
-          } catch (pool_host_out_of_memory const&) {
-            ++ooms;
-            return nullptr;
-          }
+        auto size         = [&rng] { return churn_size(rng); };
+        auto try_allocate = [&](std::uint64_t s, std::size_t n) {
+          return allocate_or_count(s, n, ooms);
         };
         for (int i = 0; i < tasks; ++i) {
           bool const reuse = rng() % 4 == 0;
@@ -930,16 +923,9 @@ class host_pool {
     std::uint64_t next_stream    = (t + 1) << 40;
     std::vector<std::pair<void*, std::size_t>> held;
     std::vector<std::uint64_t> graphs;  // capture ids of graphs not yet destroyed
-    auto size = [&rng] {
-      return (rng() % 8 == 0) ? (std::size_t{1} << (14 + rng() % 5)) : 256 * (1 + rng() % 32);
-    };
-    auto try_allocate = [&](std::uint64_t s, std::size_t n) -> void* {
-      try {
-        return allocate(s, n, 256);
-      } catch (pool_host_out_of_memory const&) {
-        ++ooms;
-        return nullptr;
-      }
+    auto size         = [&rng] { return churn_size(rng); };
+    auto try_allocate = [&](std::uint64_t s, std::size_t n) {
+      return allocate_or_count(s, n, ooms);
     };
     auto capture = [&] {
       auto const cid = next_cid++;
@@ -1024,6 +1010,21 @@ class host_pool {
   }
 
  private:
+  /// A block size of the churn runs: mostly 256 B to 8 KiB, one in eight 16 KiB to 256 KiB.
+  static std::size_t churn_size(std::mt19937_64& rng)
+  { return (rng() % 8 == 0) ? (std::size_t{1} << (14 + rng() % 5)) : 256 * (1 + rng() % 32); }
+
+  /// `allocate`, or nullptr with `ooms` counted when the pool is out of memory.
+  void* allocate_or_count(std::uint64_t s, std::size_t n, std::atomic<std::size_t>& ooms)
+  {
+    try {
+      return allocate(s, n, 256);
+    } catch (pool_host_out_of_memory const&) {
+      ++ooms;
+      return nullptr;
+    }
+  }
+
   bool drop_graph(std::uint64_t cid, bool exec)
   {
     log_->tick();
