@@ -172,6 +172,21 @@ def _capture_temporary(cupy, kernels, pool, stream, launch, errors, nbytes=TEMP_
 YOUNG_FREES = 16
 
 
+def _launched_graph(cupy, kernels, pool):
+    """A graph whose temporary came from ``pool`` (see ``_capture_temporary``), launched once,
+    and another stream: (capturing stream, other stream, its rmm view, launch counter, error
+    counter, graph, address of the temporary)."""
+    s = cupy.cuda.Stream(non_blocking=True)
+    other = cupy.cuda.Stream(non_blocking=True)
+    launch = cupy.zeros(1, dtype=cupy.uint32)
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    cupy.cuda.Device().synchronize()
+    graph, tmp = _capture_temporary(cupy, kernels, pool, s, launch, errors)
+    graph.launch(stream=s)
+    s.synchronize()
+    return s, other, rs(other), launch, errors, graph, tmp
+
+
 def _streams_per_task(cupy, pool, tasks, nbytes, grown_up=False):
     """``tasks`` short-lived streams, each allocating and freeing one block of ``nbytes`` and
     then destroyed without ``retire_stream`` (a stream per task): once more than 64 stream
@@ -301,15 +316,7 @@ def test_reclaim_before_out_of_memory_keeps_a_live_graphs_temporary(cupy, kernel
     pool = StreamOrderedPoolMemoryResource(
         rmm.mr.CudaAsyncMemoryResource(), initial_pool_size=POOL_BYTES, maximum_pool_size=POOL_BYTES
     )
-    s = cupy.cuda.Stream(non_blocking=True)
-    other = cupy.cuda.Stream(non_blocking=True)
-    ro = rs(other)
-    launch = cupy.zeros(1, dtype=cupy.uint32)
-    errors = cupy.zeros(1, dtype=cupy.uint64)
-    cupy.cuda.Device().synchronize()
-    graph, tmp = _capture_temporary(cupy, kernels, pool, s, launch, errors)
-    graph.launch(stream=s)
-    s.synchronize()
+    s, other, ro, launch, errors, graph, tmp = _launched_graph(cupy, kernels, pool)
 
     try:
         b = pool.allocate(TEMP_BYTES, ro)
@@ -559,15 +566,7 @@ def _child_release_while_a_graph_lives():
     kernels = _Kernels(cupy)
     upstream = rmm.mr.CudaMemoryResource()
     pool = StreamOrderedPoolMemoryResource(upstream, initial_pool_size=POOL_BYTES)
-    s = cupy.cuda.Stream(non_blocking=True)
-    other = cupy.cuda.Stream(non_blocking=True)
-    ro = rs(other)
-    launch = cupy.zeros(1, dtype=cupy.uint32)
-    errors = cupy.zeros(1, dtype=cupy.uint64)
-    cupy.cuda.Device().synchronize()
-    graph, tmp = _capture_temporary(cupy, kernels, pool, s, launch, errors)
-    graph.launch(stream=s)
-    s.synchronize()
+    s, other, ro, launch, errors, graph, tmp = _launched_graph(cupy, kernels, pool)
 
     report = {"released": int(pool.release()), "pool_size_after_release": pool.pool_size()}
     report["graph_bytes"] = pool.stats.get("graph_bytes")
