@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from rmm_fences_testing import HostStreamOrderedPool
+from rmm_fences_testing import HostStreamOrderedPool, pool_growth_chunk
 
 STREAMS = st.sampled_from([0, 1, 2, 3, 4])
 GRANULE = 256
+MIB = 1 << 20
 #: Frees of a new stream that are each fenced (the pool core's `young_frees`).
 YOUNG_FREES = 16
 
@@ -568,6 +569,38 @@ def test_maximum_growth_size_bounds_each_chunk_beyond_the_request():
     assert sum(chunks) <= 1.05 * sum(requests)
 
 
+def test_growth_rule_doubles_a_small_pool_from_the_first_request():
+    assert pool_growth_chunk(held=0, need=256) == 2 * MIB  # a multiple of 2 MiB
+    assert pool_growth_chunk(held=8 * MIB, need=MIB) == 8 * MIB
+    assert pool_growth_chunk(held=8 * MIB, need=12 * MIB) == 12 * MIB  # at least the request
+
+
+def test_growth_rule_grows_a_large_pool_by_half_or_a_big_request_alone():
+    assert pool_growth_chunk(held=128 * MIB, need=MIB) == 64 * MIB
+    assert pool_growth_chunk(held=4096 * MIB, need=MIB) == 512 * MIB  # at most 512 MiB
+    assert pool_growth_chunk(held=800 * MIB, need=100 * MIB) == 100 * MIB  # 1/8 of the pool
+
+
+def test_growth_rule_with_maximum_growth_size():
+    assert pool_growth_chunk(held=0, need=MIB, maximum_growth_size=16 * MIB) == 16 * MIB
+    assert pool_growth_chunk(held=100 * MIB, need=3 * MIB, maximum_growth_size=16 * MIB) == (
+        16 * MIB
+    )
+    assert pool_growth_chunk(held=0, need=40 * MIB, maximum_growth_size=16 * MIB) == 40 * MIB
+
+
+def test_growth_rule_in_capture_adds_at_most_64_mib():
+    assert pool_growth_chunk(held=1024 * MIB, need=MIB, capturing=True) == 64 * MIB
+    assert pool_growth_chunk(held=0, need=100 * MIB, capturing=True) == 100 * MIB
+
+
+def test_growth_rule_of_a_bounded_pool_takes_all_the_room_rather_than_strand_a_remainder():
+    assert pool_growth_chunk(held=0, need=12 * MIB, room=16 * MIB) == 16 * MIB
+    assert pool_growth_chunk(held=32 * MIB, need=MIB, room=20 * MIB) == 20 * MIB
+    # in capture a growth beyond the request stays small, bound or not
+    assert pool_growth_chunk(held=0, need=12 * MIB, room=16 * MIB, capturing=True) == 12 * MIB
+
+
 def test_growth_during_capture_uses_the_pools_own_stream():
     p = HostStreamOrderedPool()
     p.begin_capture(1)
@@ -724,8 +757,6 @@ def test_stream_slots_counts_one_slot_per_stream_in_use():
 
 
 # --- capture: the shared list's candidates in best-fit order ---------------------------------
-
-MIB = 1 << 20
 
 
 def _tagged_best_fit_before_a_usable_block(usable):

@@ -124,6 +124,13 @@ class HostTorchAllocator:
         self, workers: int = 4, iterations: int = 2000, random_state: int = 1
     ) -> dict[str, int]: ...
 
+def pool_growth_chunk(
+    held: int,
+    need: int,
+    room: int | None = None,
+    maximum_growth_size: int | None = None,
+    capturing: bool = False,
+) -> int: ...
 def host_replay(
     trace: Any,
     streams: list[int] | None = None,

@@ -841,6 +841,36 @@ cdef class HostStreamOrderedPool:
         return deref(self.c_obj).core().stats()
 
 
+cdef extern from "rmm_fences/detail/pool/growth_rule.hpp" \
+        namespace "rmm_fences::mr::detail::pool" nogil:
+    cdef struct growth_state:
+        size_t held
+        size_t need
+        optional[size_t] room
+        optional[size_t] maximum_growth_size
+        bool capturing
+
+    size_t c_growth_chunk "rmm_fences::mr::detail::pool::growth_chunk"(
+        const growth_state&) noexcept
+
+
+def pool_growth_chunk(size_t held, size_t need, room=None, maximum_growth_size=None,
+                      bint capturing=False) -> int:
+    """The chunk the stream-ordered pool's growth rule asks the upstream for, given the
+    bytes the pool ``held``, the bytes a request ``need``s (rounded to the granule, plus its
+    alignment padding), the ``room`` left below ``maximum_pool_size`` (None: no bound), the
+    pool's ``maximum_growth_size`` and whether the requesting stream is ``capturing``."""
+    cdef growth_state s
+    s.held = held
+    s.need = need
+    if room is not None:
+        s.room = <size_t>room
+    if maximum_growth_size is not None:
+        s.maximum_growth_size = <size_t>maximum_growth_size
+    s.capturing = capturing
+    return c_growth_chunk(s)
+
+
 # The hazard tracker on a simulated device.
 from libcpp.string cimport string  # noqa: E402
 

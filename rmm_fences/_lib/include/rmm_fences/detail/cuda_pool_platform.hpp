@@ -8,7 +8,7 @@
 
 #include <rmm_fences/detail/cuda_events.hpp>
 #include <rmm_fences/detail/driver_api.hpp>
-#include <rmm_fences/detail/stream_ordered_pool_core.hpp>
+#include <rmm_fences/detail/pool/stream_identity.hpp>
 
 #include <rmm/cuda_device.hpp>
 #include <rmm/detail/error.hpp>
@@ -17,6 +17,7 @@
 #include <cuda/stream>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <limits>

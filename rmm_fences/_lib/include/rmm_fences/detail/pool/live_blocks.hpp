@@ -1,0 +1,102 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * Stream-ordered pool, part: the blocks handed out (address -> requested bytes), which check
+ * every free before it touches a list (no locks: each map's owner guards it).
+ */
+#pragma once
+
+#include <rmm_fences/detail/pointer_map.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+
+namespace rmm_fences::mr::detail {
+
+/// What a checked free found.
+enum class free_status : int {
+  done           = 0,  ///< freed
+  not_live       = 1,  ///< not a live block of this pool: double free or foreign pointer
+  size_mismatch  = 2,  ///< a live block, freed with another size than it was allocated with
+  foreign_stream = 3,  ///< the stream belongs to another device
+};
+
+struct free_result {
+  free_status status{free_status::done};
+  std::size_t allocated_bytes{};  ///< with `size_mismatch`: the size it was allocated with
+};
+
+namespace pool {
+
+/// Live blocks: address -> the bytes the allocation asked for.
+class live_blocks {
+ public:
+  /// Lists `ptr` as handed out for `bytes`. May throw bad_alloc.
+  void track(void* ptr, std::size_t bytes) { track(key_of(ptr), bytes); }
+  void track(std::uintptr_t key, std::size_t bytes) { map_.insert_or_assign(key, bytes); }
+
+  /// A free of `key` with `bytes`: none when `key` is not listed; `done` (forgotten) when the
+  /// size matches; `size_mismatch` (kept) when it does not.
+  std::optional<free_result> forget(std::uintptr_t key, std::size_t bytes) noexcept
+  {
+    auto const i = map_.find_index(key);
+    if (i == map_.npos) { return std::nullopt; }
+    if (map_.value_at(i) != bytes) {
+      return free_result{free_status::size_mismatch, map_.value_at(i)};
+    }
+    map_.erase_at(i);
+    return free_result{};
+  }
+
+  /// Calls `f(key, bytes)` for every live block.
+  template <typename F>
+  void for_each(F&& f)
+  { map_.for_each(f); }
+
+  [[nodiscard]] std::size_t size() const noexcept { return map_.size(); }
+  void clear() noexcept { map_.clear(); }
+
+  static std::uintptr_t key_of(void const* ptr) noexcept
+  { return reinterpret_cast<std::uintptr_t>(ptr); }
+
+ private:
+  pointer_map<std::size_t> map_{64};
+};
+
+/// Reports a refused free of `bytes` at `ptr` to the user, on one line (off the hot path).
+template <typename Platform>
+[[gnu::cold, gnu::noinline]] void report_rejected_free(Platform& platform,
+                                                       free_result r,
+                                                       void* ptr,
+                                                       std::size_t bytes) noexcept
+{
+  char line[256];
+  char const* what = nullptr;
+  switch (r.status) {
+    case free_status::size_mismatch:
+      std::snprintf(line,
+                    sizeof(line),
+                    "StreamOrderedPoolMemoryResource: rejected free of %p: size mismatch: "
+                    "allocated %zu bytes, freed with %zu; the pool is unchanged",
+                    ptr,
+                    r.allocated_bytes,
+                    bytes);
+      platform.report_rejected_free(line);
+      return;
+    case free_status::foreign_stream: what = "the stream belongs to another device"; break;
+    default: what = "double free or foreign pointer (not a live block of this pool)"; break;
+  }
+  std::snprintf(line,
+                sizeof(line),
+                "StreamOrderedPoolMemoryResource: rejected free of %p (%zu bytes): %s; the pool is "
+                "unchanged",
+                ptr,
+                bytes,
+                what);
+  platform.report_rejected_free(line);
+}
+
+}  // namespace pool
+}  // namespace rmm_fences::mr::detail
