@@ -20,8 +20,21 @@ MIB = 1 << 20
 YOUNG_FREES = 16
 
 
+def coalesced(blocks):
+    """Free blocks (ptr, size, owner), sorted, with touching blocks of one owner merged (how a
+    cache lists them, its last frees apart or in its free list, is not what a test compares)."""
+    out = []
+    for ptr, size, owner in sorted(blocks):
+        if out and out[-1][2] == owner and out[-1][0] + out[-1][1] == ptr:
+            out[-1] = (out[-1][0], out[-1][1] + size, owner)
+        else:
+            out.append((ptr, size, owner))
+    return out
+
+
 def grown_up(p, stream):
-    """Spends `stream`'s young frees (each fenced) on one 256-byte block."""
+    """Spends `stream`'s young frees (each covered by a record) on one 256-byte block, which
+    stays in its cache."""
     for _ in range(YOUNG_FREES):
         p.deallocate(p.allocate(256, stream=stream), 256, stream=stream)
 
@@ -256,8 +269,9 @@ def test_fences_are_batched():
     ptrs = [p.allocate(256, stream=1) for _ in range(200)]
     for ptr in ptrs[::2]:  # 100 separate blocks (no neighbour free: no coalescing)
         p.deallocate(ptr, 256, stream=1)
-    # one record per young free, then one per batch of cached blocks
-    assert YOUNG_FREES + 1 <= p.records <= YOUNG_FREES + (100 - YOUNG_FREES) // 32
+    # one record per young free (it covers the cache; the blocks stay), then one per batch of
+    # cached blocks
+    assert YOUNG_FREES + 1 <= p.records <= YOUNG_FREES + 100 // 32
 
 
 def test_a_stream_reusing_its_own_blocks_fences_only_its_first_frees():
@@ -388,11 +402,11 @@ def test_failed_sync_puts_caches_and_fences_back():
     big = p.allocate(512 << 10, stream=3)
     p.deallocate(big, 512 << 10, stream=3)
     p.retire_stream(3)  # fenced, shared with a tag
-    before = sorted(p.free_blocks)
+    before = coalesced(p.free_blocks)
     assert any(owner == 1 for _, _, owner in before)
     p.fail_next("sync_device")
     assert not p.synchronize_and_reclaim()
-    assert sorted(p.free_blocks) == before, "a failed sync changed the lists"
+    assert coalesced(p.free_blocks) == before, "a failed sync changed the lists"
     assert p.stats["reclaim_syncs"] == 0
     c = p.allocate(512 << 10, stream=2)  # stream 3's block: still needs its fence
     assert any(w == 2 and s == 3 for w, s, _ in p.waits)
@@ -532,15 +546,15 @@ def test_a_tighter_shared_block_that_needs_a_wait_does_not_replace_the_streams_o
     grown_up(p, 1)
     a = p.allocate(64 * mib, stream=1)
     b = p.allocate(mib, stream=2)
-    c = p.allocate(191 * mib, stream=1)  # the chunk's rest
+    c = p.allocate(191 * mib - 256, stream=1)  # the chunk's rest (grown_up took 256 bytes)
     p.deallocate(b, mib, stream=2)
     p.retire_stream(2)  # fenced on stream 2 and shared
     p.deallocate(a, 64 * mib, stream=1)
     waits_before = len(p.waits)
     d = p.allocate(mib, stream=1)
-    assert a <= d < a + 64 * mib
+    assert d != b and a - 256 <= d < a + 64 * mib  # grown_up's block may lie just before a
     assert len(p.waits) == waits_before, p.waits[waits_before:]
-    for ptr, n in ((c, 191 * mib), (d, mib)):
+    for ptr, n in ((c, 191 * mib - 256), (d, mib)):
         p.deallocate(ptr, n, stream=1)
     assert p.violations == []
 

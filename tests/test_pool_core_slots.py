@@ -22,7 +22,8 @@ SLOT_BOUND = 160
 
 
 def grown_up(p, stream):
-    """Spends `stream`'s young frees (each fenced) on one 256-byte block."""
+    """Spends `stream`'s young frees (each covered by a record) on one 256-byte block, which
+    stays in its cache."""
     for _ in range(YOUNG_FREES):
         p.deallocate(p.allocate(256, stream=stream), 256, stream=stream)
 
@@ -145,7 +146,7 @@ def test_a_reused_handle_after_its_idle_slot_was_retired_still_waits():
     assert p.stats["stream_slots"] <= SLOT_BOUND and p.syncs == []
     p.destroy_stream(5)
     b = p.allocate(512 << 10, stream=5)  # a new stream on handle 5 gets the old one's block
-    assert b == a
+    assert a - 256 <= b <= a + 256  # (with grown_up's 256 bytes beside it, maybe in front)
     new_5 = 5 + (1 << 40)  # the oracle's name of the stream that handle 5 names now
     assert any(w == new_5 and s == 5 for w, s, _ in p.waits), "no wait on the old fence"
     assert p.violations == []
@@ -268,3 +269,63 @@ def test_a_young_streams_64_mib_block_reaches_a_stream_that_ran_short_through_a_
     assert p.syncs == [] and p.waits[-1][:2] == (2, 1)
     p.deallocate(b, 64 << 20, stream=2)
     assert p.violations == []
+
+
+# --- a young stream's frees: covered by a record, kept in its cache -------------------------
+
+
+def test_a_young_streams_frees_stay_in_its_cache_covered_by_a_record():
+    # The CUB temp-storage loop on a new stream: each free records the stream's fence (so that
+    # the block is never lost if the stream goes away) but the block stays in its cache, where
+    # the next allocation takes it back without the shared list.
+    p = HostStreamOrderedPool(1 << 20)
+    ptrs = set()
+    for _ in range(YOUNG_FREES):
+        ptr = p.allocate(13567, stream=1)
+        ptrs.add(ptr)
+        p.deallocate(ptr, 13567, stream=1)
+        assert [owner for _, n, owner in p.free_blocks if n == 13568] == [1]
+    assert len(ptrs) == 1 and p.records == YOUNG_FREES
+    stats = p.stats
+    assert stats["same_stream_reuse"] == YOUNG_FREES - 1 and stats["cross_stream_reuse"] == 0
+    assert p.waits == [] and p.violations == []
+
+
+def test_a_free_after_the_last_record_is_not_shared_with_the_record():
+    # Stream 1 spends its young frees (each covered), then frees a big block: no record covers
+    # that free, so when stream 2 runs short the block stays stream 1's (only the named reclaim
+    # or stream 1's own fence frees it), while the covered 256 bytes could go.
+    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=1 << 20)
+    grown_up(p, 1)
+    a = p.allocate(512 << 10, stream=1)
+    p.deallocate(a, 512 << 10, stream=1)  # the 17th free: not covered
+    with pytest.raises(MemoryError):
+        p.allocate(1 << 20, stream=2)
+    assert any(owner == 1 and n >= 512 << 10 for _, n, owner in p.free_blocks)
+    assert p.syncs == [] and p.violations == []
+    # stream 1's next free fences and shares its cache (asked while stream 2 ran short)
+    p.deallocate(p.allocate(256, stream=1), 256, stream=1)
+    b = p.allocate(1 << 20, stream=2)
+    assert p.waits[-1][:2] == (2, 1) and p.violations == []
+    p.deallocate(b, 1 << 20, stream=2)
+
+
+def test_a_gone_young_streams_cache_serves_the_next_task_through_a_wait():
+    # A task's stream frees and goes away with its blocks cached (covered): the next task's
+    # miss shares them tagged with that record and waits on it, instead of growing the pool.
+    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=1 << 20)
+    task(p, stream=10, sizes=(1 << 20,))
+    p.destroy_stream(10)
+    b = p.allocate(1 << 20, stream=11)
+    assert p.waits[-1][:2] == (11, 10) and p.syncs == []
+    p.deallocate(b, 1 << 20, stream=11)
+    assert p.pool_size() == 1 << 20 and p.violations == []
+
+
+def test_release_returns_a_chunk_a_covered_cache_holds_whole():
+    p = HostStreamOrderedPool(1 << 20)
+    a = p.allocate(1 << 20, stream=2)
+    p.deallocate(a, 1 << 20, stream=2)  # young: covered, in stream 2's cache
+    assert p.release() == 1 << 20 and p.pool_size() == 0
+    assert p.syncs == [] and p.violations == []
+    assert p.stats["orphan_bytes"] == 0

@@ -463,9 +463,10 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """Return every chunk that is wholly free and shared to the upstream.
 
         Never waits: the chunks go back on the pool's own stream after a stream wait on the
-        fences of their last users. Blocks still cached by a stream (its last frees, which no
-        fence covers yet), held for a graph that may still replay, or left by streams that went
-        away stay. Returns the number of bytes returned.
+        fences of their last users. A stream's cache that a fence record covers is shared
+        first; blocks still cached by a stream that no record covers (its last frees), held for
+        a graph that may still replay, or left by streams that went away stay. Returns the
+        number of bytes returned.
         """
         cdef size_t n
         with nogil:
@@ -491,9 +492,10 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         """Fence ``stream`` and hand the blocks it freed to every stream; call this before
         destroying a stream that freed memory into the pool.
 
-        Without it, the last frees of a destroyed stream that no fence covers (a stream's
-        first 16 frees are each fenced) become orphans once its idle slot is retired: only
-        :meth:`synchronize_and_reclaim` frees them (``stats["orphan_bytes"]``).
+        Without it, the last frees of a destroyed stream that no fence covers (each of a
+        stream's first 16 frees records a fence that covers its cache) become orphans once
+        its idle slot is retired: only :meth:`synchronize_and_reclaim` frees them
+        (``stats["orphan_bytes"]``).
         """
         cdef Stream s = as_stream(stream)
         cdef stream_ref c_stream = s.view()
@@ -541,9 +543,11 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     A block freed on stream S is reused on S at once (no CUDA call but the stream identity
     query, none at all on the default stream). Another stream T
     takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
-    free; S fences each of its first 16 frees, then one fence per batch (once it caches 32
-    blocks or 1/16 of the pool in bytes, its last exact-size frees counted only once another
-    stream ran short), and never while it is being captured. A block freed while its stream is
+    free; S records a fence after each of its first 16 frees (the blocks stay in its cache,
+    covered: shared with that record when another stream runs short or S's slot is retired),
+    then one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes, its last
+    exact-size frees counted only once another stream ran short), and never while it is being
+    captured. A block freed while its stream is
     captured belongs to the capture's graph until the graph and every executable graph
     instantiated from it are destroyed. The pool grows as ``maximum_growth_size`` says (at most
     ``maximum_growth_size`` beyond the request), trying smaller chunks when the upstream is

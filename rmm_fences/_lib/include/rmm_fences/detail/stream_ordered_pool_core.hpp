@@ -232,9 +232,12 @@ class stream_ordered_pool_core {
         key, bytes, lock, [&] { return take_live_elsewhere(ref.slot, key, bytes); });
       if (r.status != free_status::done) { return rejected(r); }
       // Without host memory to cache it, the block stays allocated (never reused early).
-      if (ref.slot->cache_free_locked(static_cast<char*>(ptr), round_to_granule(bytes)) &&
-          ref.slot->should_fence_locked()) {
-        fence_and_share_locked(*ref.slot, stream, lock);
+      if (ref.slot->cache_free_locked(static_cast<char*>(ptr), round_to_granule(bytes))) {
+        switch (ref.slot->fencing_locked()) {
+          case pool::fencing::none: break;
+          case pool::fencing::cover: cover_locked(*ref.slot, stream); break;
+          case pool::fencing::share: fence_and_share_locked(*ref.slot, stream, lock); break;
+        }
       }
       return {};
     }
@@ -262,13 +265,15 @@ class stream_ordered_pool_core {
 
   /**
    * @brief Returns upstream every chunk that the shared list holds whole, on the pool's own
-   * stream after a stream wait on each fence that guards it: no host or device sync. Blocks
-   * still cached by a stream, held for a graph or orphaned stay.
+   * stream after a stream wait on each fence that guards it: no host or device sync. Caches
+   * that a fence record covers are shared first; blocks still cached by a stream without one,
+   * held for a graph or orphaned stay.
    * @return bytes returned to the upstream
    */
   std::size_t release()
   {
     collect_released_graphs();
+    slots_.share_covered_caches(share_covered_fn());
     return growth_.release_whole_chunks();
   }
 
@@ -393,7 +398,8 @@ class stream_ordered_pool_core {
   /// The slot table's hand-off of a given-up slot's leftovers.
   struct give_up_sink {
     stream_ordered_pool_core* core;
-    void operator()(pool::leftovers& out) const noexcept { core->adopt_leftovers_locked(out); }
+    void operator()(pool::leftovers<Platform>& out) const noexcept
+    { core->adopt_leftovers_locked(out); }
   };
 
   /**
@@ -423,15 +429,41 @@ class stream_ordered_pool_core {
   }
 
   /// Routes what a given-up slot leaves (the slot table's mutex is held): its cached blocks
-  /// to its graph (shared once the graph is gone) or to the orphans, its live blocks to the
-  /// orphans' (where a free that no longer finds them in the slot looks next).
-  void adopt_leftovers_locked(pool::leftovers& out) noexcept
+  /// to its graph (shared once the graph is gone), to the shared list tagged with the record
+  /// that covers them, or to the orphans; its live blocks to the orphans' (where a free that
+  /// no longer finds them in the slot looks next).
+  void adopt_leftovers_locked(pool::leftovers<Platform>& out) noexcept
   {
     counters_.add_current(out.balance);
     pool::pool_counters::bump(counters_.retired_hits, out.same_stream_hits);
-    if (out.graph && !graphs_.keep(out.graph, out.blocks)) { shared_.list_untagged(out.blocks); }
     orphans_.adopt_live(out.live);
-    if (!out.graph) { orphans_.add(out.blocks); }
+    if (out.graph) {
+      if (!graphs_.keep(out.graph, out.blocks)) { shared_.list_untagged(out.blocks); }
+    } else if (out.cover) {
+      share_covered(out.blocks, out.cover, out.covered);
+    } else {
+      orphans_.add(out.blocks);
+    }
+  }
+
+  /// `share_covered` as a function object, for the slot table.
+  auto share_covered_fn() noexcept
+  {
+    return [this](pool::block_list const& blocks,
+                  pool::cell_ptr<Platform> const& cell,
+                  std::uint64_t number) noexcept { share_covered(blocks, cell, number); };
+  }
+
+  /// Lists blocks that record `number` of `cell` covers in the shared list, tagged with it.
+  void share_covered(pool::block_list const& blocks,
+                     pool::cell_ptr<Platform> const& cell,
+                     std::uint64_t number) noexcept
+  {
+    try {
+      shared_.list_tagged(blocks, tag_type::of(cell, number));
+    } catch (...) {  // no host memory for the tag: only a device synchronization frees them
+      orphans_.add(blocks);
+    }
   }
 
   /// Hands back what graphs that are gone held: the blocks of their retired slots, and the
@@ -471,10 +503,11 @@ class stream_ordered_pool_core {
       if (void* ptr = take_cached_best_fit(req); ptr != nullptr) { return ptr; }
     }
     if (void* ptr = take_shared(req); ptr != nullptr) { return ptr; }
-    slots_.request_fences(*req.slot);
-    // The stream's own free blocks coalesce with the shared list's before the pool grows (a
-    // block split between the two lists would otherwise be missed).
-    if (share_own_cache(*req.slot, req.stream)) {
+    // Other streams' covered caches are shared now (their streams may be gone); the stream's
+    // own free blocks coalesce with the shared list's before the pool grows (a block split
+    // between the two lists would otherwise be missed).
+    bool const others = slots_.request_fences(*req.slot, share_covered_fn());
+    if (share_own_cache(*req.slot, req.stream) || others) {
       if (void* ptr = take_shared(req); ptr != nullptr) { return ptr; }
     }
     if (void* ptr = grow(req); ptr != nullptr) { return ptr; }
@@ -534,11 +567,21 @@ class stream_ordered_pool_core {
     if (slot.cache.empty() || platform_.is_capturing(stream)) { return; }
     auto const number = slot.cell->record(stream);
     if (!number) { return; }
+    slot.covered = *number;
     slot.fence_requested.store(false, std::memory_order_relaxed);
     auto const blocks = slot.cache.take_all();
     auto const tag    = tag_type::of(slot.cell, *number);
     lock.unlock();
     shared_.insert_all(blocks, tag);
+  }
+
+  /// Records `slot`'s fence on `stream` after a free: the cache stays the stream's, covered
+  /// by the record (shared with it when another stream runs short or the slot is retired).
+  /// Skipped during capture (the cache then stays uncovered).
+  void cover_locked(slot_type& slot, stream_type stream) noexcept
+  {
+    if (slot.graph || platform_.is_capturing(stream)) { return; }
+    if (auto const number = slot.cell->record(stream)) { slot.covered = *number; }
   }
 
   /// Fences `slot`'s cache (blocks freed on `stream`) into the shared list, where the stream

@@ -69,6 +69,14 @@ class shared_list {
     insert_or_lose_locked(list_, blocks, tag_type{}, chunks_);
   }
 
+  /// Lists blocks, each with `tag` (one that finds no host memory is lost to the pool, never
+  /// handed out twice).
+  void list_tagged(block_list const& blocks, tag_type const& tag) noexcept
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    insert_or_lose_locked(list_, blocks, tag, chunks_);
+  }
+
   /// Lists `b`, taken from the list and not handed out, there again.
   void put_back(block& b) { insert(b.ptr, b.size, std::move(b.tag)); }
 

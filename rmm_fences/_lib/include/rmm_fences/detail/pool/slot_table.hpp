@@ -199,21 +199,35 @@ class slot_table {
     return bytes;
   }
 
-  /// Asks every other slot held by a stream to fence its cache at its next call, and, when
-  /// it holds free blocks, to fence its big frees from now on (`self` ran short).
-  void request_fences(slot_type const& self) const
+  /**
+   * @brief Asks every other slot held by a stream to fence its cache at its next call, and, when
+   * it holds free blocks, to fence its big frees from now on (`self` ran short). A cache that a
+   * record covers is shared now (`share_covered_locked`): its stream may be gone. True when
+   * any was.
+   */
+  template <typename Share>
+  bool request_fences(slot_type const& self, Share&& share) const
   {
     std::shared_lock<std::shared_mutex> lock(mutex_);
+    bool moved = false;
     for (auto& [id, slot] : slots_) {
       if (slot == &self) { continue; }
       slot->fence_requested.store(true, std::memory_order_relaxed);
-      bool holds = false;
-      {
-        std::lock_guard<spin_mutex> slot_lock(slot->mutex);
-        holds = slot->holds_free_blocks_locked();
+      moved = share_covered_locked(*slot, share) || moved;
+      std::lock_guard<spin_mutex> slot_lock(slot->mutex);
+      if (slot->holds_free_blocks_locked()) {
+        slot->demanded.store(true, std::memory_order_relaxed);
       }
-      if (holds) { slot->demanded.store(true, std::memory_order_relaxed); }
     }
+    return moved;
+  }
+
+  /// Shares every cache that a record covers (`share_covered_locked`), for `release`.
+  template <typename Share>
+  void share_covered_caches(Share&& share) const
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    for_each_locked([&](slot_type& slot) { share_covered_locked(slot, share); });
   }
 
   /**
@@ -307,6 +321,26 @@ class slot_table {
     }
   }
 
+  /// Takes `slot`'s cache out when a record covers it and hands it to `share(blocks, cell,
+  /// number)`, called with the table's mutex held and the slot's released. True when it did.
+  template <typename Share>
+  static bool share_covered_locked(slot_type& slot, Share&& share)
+  {
+    block_list covered;
+    std::uint64_t number = 0;
+    {
+      std::lock_guard<spin_mutex> slot_lock(slot.mutex);
+      try {
+        number = slot.take_covered_locked(covered);
+      } catch (...) {  // no host memory to list them: they stay, fenced at its next free
+        return false;
+      }
+    }
+    if (number == 0) { return false; }
+    share(covered, slot.cell, number);
+    return true;
+  }
+
   /// A spare slot object, made when none is left (it stays last in `spare_` until taken).
   slot_type& spare_slot_locked()
   {
@@ -349,7 +383,7 @@ class slot_table {
    */
   bool give_up_locked(slot_type& slot, bool only_if_idle) noexcept
   {
-    leftovers out;
+    leftovers<Platform> out;
     {
       std::lock_guard<spin_mutex> lock(slot.mutex);
       if (slot.pins != 0) { return false; }

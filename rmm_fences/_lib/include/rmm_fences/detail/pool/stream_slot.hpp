@@ -30,8 +30,9 @@ namespace rmm_fences::mr::detail::pool {
 
 /// Cached blocks after which a stream's cache is fenced and shared.
 inline constexpr std::size_t fence_batch = 32;
-/// Frees of a new stream that are each fenced: a stream that goes away after a few calls
-/// (a stream per task) leaves no block that only a device synchronization would free.
+/// Frees of a new stream that are each covered by a fence record (the blocks stay in its
+/// cache): a stream that goes away after a few calls (a stream per task) leaves no block that
+/// only a device synchronization would free.
 inline constexpr std::uint32_t young_frees = 16;
 /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced, once
 /// another stream ran short while this one held free blocks.
@@ -39,10 +40,18 @@ inline constexpr std::size_t fence_fraction = 16;
 /// Frees per stream kept for exact-size reuse before they join the stream's free list.
 inline constexpr std::size_t recent_capacity = 8;
 
-/// What a given-up slot leaves: its cached blocks (to its graph, or to the orphans), its live
-/// blocks, and what it had not yet added to the pool's totals.
+/// What the fencing rule asks after a free: nothing, a record that covers the cache (the
+/// blocks stay), or a record and the cache moved to the shared list.
+enum class fencing { none, cover, share };
+
+/// What a given-up slot leaves: its cached blocks (to its graph, to the shared list when a
+/// record covers them, else to the orphans), its live blocks, and what it had not yet added to
+/// the pool's totals.
+template <typename Platform>
 struct leftovers {
   block_list blocks;
+  cell_ptr<Platform> cover;  // the fence whose record `covered` covers `blocks`, if any
+  std::uint64_t covered{};
   std::vector<std::pair<std::uintptr_t, std::size_t>> live;
   std::shared_ptr<graph_hold> graph;
   std::int64_t balance{};
@@ -88,7 +97,11 @@ struct alignas(64) stream_slot {
   std::uint64_t uses_at_sweep{};  // `uses` at the last sweep (equal: idle since)
   std::uint32_t frees{};          // frees since the slot was given to its stream (to young_frees)
   free_list<no_tag> cache;        // freed on this stream since its last fence
-  std::int64_t balance{};         // bytes allocated minus freed, not yet settled
+  // The record of `cell` made after the last free cached (0: a cached block was freed after
+  // the last record). While set, any thread may share the cache tagged with that record: a
+  // covered cache of a stream that is gone is not lost.
+  std::uint64_t covered{};
+  std::int64_t balance{};  // bytes allocated minus freed, not yet settled
   std::uint64_t same_stream_hits{};
   // The last few frees, kept as they are (no coalescing yet) for exact-size reuse without
   // touching the free list; part of the cache in every other respect (`flush_recent_locked`).
@@ -198,6 +211,7 @@ struct alignas(64) stream_slot {
   bool cache_free_locked(char* ptr, std::size_t size) noexcept
   {
     add_balance_locked(-static_cast<std::int64_t>(size));
+    covered = 0;
     if (recent_count < recent_capacity) {
       recent[recent_count++] = {ptr, size};
       recent_bytes += size;
@@ -215,6 +229,7 @@ struct alignas(64) stream_slot {
   template <typename Blocks>
   void list_cached_locked(Blocks const& blocks)
   {
+    covered = 0;  // no record is known to follow their last use on this stream
     for (auto const& b : blocks) {
       cache.insert(b.ptr, b.size, no_tag{}, chunks_.start_test());
     }
@@ -237,27 +252,38 @@ struct alignas(64) stream_slot {
   }
 
   /**
-   * @brief The fencing rule, after a free was cached: a young stream fences each free; any
-   * stream fences when asked, and when its cache holds `fence_batch` blocks; while other
-   * streams want its bytes (`demanded`, or another stream took a block its fence guarded),
-   * when it caches 1/`fence_fraction` of the pool.
+   * @brief The fencing rule, after a free was cached: any stream fences and shares its cache
+   * when asked, and when its cache holds `fence_batch` blocks; while other streams want its
+   * bytes (`demanded`, or another stream took a block its fence guarded), when it caches
+   * 1/`fence_fraction` of the pool. A young stream's other frees are covered (a record, the
+   * blocks stay in its cache).
    */
-  [[nodiscard]] bool should_fence_locked() noexcept
+  [[nodiscard]] fencing fencing_locked() noexcept
   {
-    if (frees < young_frees) {
-      ++frees;
-      return true;
-    }
-    if (fence_requested.load(std::memory_order_relaxed)) { return true; }
+    bool const young = frees < young_frees;
+    if (young) { ++frees; }
+    if (fence_requested.load(std::memory_order_relaxed)) { return fencing::share; }
     // Counted in cached blocks, not frees: a stream that reuses its blocks never fences.
-    if (cache.block_count() + recent_count >= fence_batch) { return true; }
+    if (cache.block_count() + recent_count >= fence_batch) { return fencing::share; }
     // A stream that reuses its own big block, and that no other stream waits for, never
     // fences it.
-    if (!demanded.load(std::memory_order_relaxed) &&
-        !cell->wanted.load(std::memory_order_relaxed)) {
-      return false;
+    bool const wanted_here =
+      demanded.load(std::memory_order_relaxed) || cell->wanted.load(std::memory_order_relaxed);
+    if (wanted_here &&
+        cached_bytes_locked() >= std::max<std::size_t>(chunks_.bytes() / fence_fraction, 1)) {
+      return fencing::share;
     }
-    return cached_bytes_locked() >= std::max<std::size_t>(chunks_.bytes() / fence_fraction, 1);
+    return young ? fencing::cover : fencing::none;
+  }
+
+  /// Takes the cache out when a record covers it (appended to `out`): that record's number,
+  /// else 0 (nothing moved; may throw bad_alloc before anything moved).
+  std::uint64_t take_covered_locked(block_list& out)
+  {
+    if (covered == 0 || !holds_free_blocks_locked()) { return 0; }
+    auto const number = covered;
+    take_cached_locked(out);
+    return number;
   }
 
   /// Adds the balance to the pool's totals.
@@ -288,14 +314,17 @@ struct alignas(64) stream_slot {
     recent_count = 0;
     recent_bytes = 0;
     cache        = free_list<no_tag>{};
+    covered      = 0;
   }
 
   /// Moves all the slot holds for its stream into `out` and resets it for the next stream;
   /// false, changing nothing, when no host memory holds the lists.
-  bool hand_over_locked(leftovers& out) noexcept
+  bool hand_over_locked(leftovers<Platform>& out) noexcept
   {
     try {
       out.live.reserve(live.size());
+      if (covered != 0 && !graph) { out.cover = cell; }
+      out.covered = graph ? 0 : covered;
       take_cached_locked(out.blocks);
     } catch (...) {
       return false;
