@@ -337,11 +337,13 @@ class stream_ordered_pool_core {
   [[nodiscard]] rmm_fences::mr::stream_ordered_pool_stats stats()
   {
     rmm_fences::mr::stream_ordered_pool_stats s;
+    std::uint64_t captured = 0;  // free bytes of captured streams' caches (their graphs')
     slots_.for_each([&](slot_type& slot) {
       std::lock_guard<spin_mutex> lock(slot.mutex);
       slot.settle_locked();
       s.same_stream_reuse += slot.same_stream_hits;
       ++s.stream_slots;
+      if (slot.graph) { captured += slot.cached_bytes_locked(); }
     });
     counters_.fill(s);
     s.same_stream_reuse += counters_.retired_hits.load(std::memory_order_relaxed);
@@ -350,14 +352,10 @@ class stream_ordered_pool_core {
     s.fences             = fences_.records();
     s.stream_waits       = fences_.waits();
     s.fence_events       = static_cast<std::uint64_t>(fences_.events());
-    s.graph_bytes        = graph_bytes();
+    s.graph_bytes        = captured + graphs_.bytes();
     s.orphan_bytes       = orphans_.bytes();
     return s;
   }
-
-  /// Free bytes that graphs that may still replay hold (their captured streams' caches).
-  [[nodiscard]] std::uint64_t graph_bytes()
-  { return slots_.captured_cache_bytes() + graphs_.bytes(); }
 
   /// Free blocks listed (in caches, shared, orphaned, held for graphs), for tests: calls
   /// f(ptr, size, owner) with the owner's stream id, 0 for shared blocks, `orphan_owner` or

@@ -188,17 +188,6 @@ class slot_table {
     return any;
   }
 
-  /// Bytes that captured streams' slots cache (their graphs' until those are gone).
-  [[nodiscard]] std::uint64_t captured_cache_bytes() const
-  {
-    std::uint64_t bytes = 0;
-    for_each([&](slot_type& slot) {
-      std::lock_guard<spin_mutex> lock(slot.mutex);
-      if (slot.graph) { bytes += slot.cached_bytes_locked(); }
-    });
-    return bytes;
-  }
-
   /**
    * @brief Asks every other slot held by a stream to fence its cache at its next call, and, when
    * it holds free blocks, to fence its big frees from now on (`self` ran short). A cache that a
