@@ -91,6 +91,18 @@ def test_a_graphs_blocks_come_back_once_the_graph_and_its_executables_are_destro
     assert p.violations == []
 
 
+def test_stats_hand_back_a_gone_graphs_blocks_without_a_miss():
+    # A stream that only reuses its own cached block never reaches allocate's slower path; the
+    # graph's blocks must not stay counted as held for it once it is gone.
+    p = HostStreamOrderedPool(initial_pool_size=1 * MiB)
+    cid, _ = captured_temporary(p, stream=1, nbytes=640 * KiB)
+    p.deallocate(p.allocate(256, stream=2), 256, stream=2)  # stream 2's cached block
+    assert p.destroy_graph(cid) and p.destroy_exec(cid) and p.graph_released(cid)
+    p.deallocate(p.allocate(256, stream=2), 256, stream=2)  # a same-stream hit: no miss
+    assert p.stats["graph_bytes"] == 0
+    assert p.violations == []
+
+
 def test_an_aborted_capture_gives_its_blocks_back():
     p = HostStreamOrderedPool(initial_pool_size=1 * MiB)
     cid = p.begin_capture(1, mode="global")

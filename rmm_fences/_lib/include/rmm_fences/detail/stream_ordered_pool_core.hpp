@@ -332,10 +332,12 @@ class stream_ordered_pool_core {
    *
    * `current_bytes` is exact; `peak_bytes` is sampled whenever a stream's balance is settled
    * (every `accounting_batch` bytes, on every slower path and here), so it may miss a short
-   * peak by up to `accounting_batch` per stream.
+   * peak by up to `accounting_batch` per stream. The blocks of graphs that are gone are
+   * handed back first (as the next miss would), so `graph_bytes` counts only live graphs'.
    */
   [[nodiscard]] rmm_fences::mr::stream_ordered_pool_stats stats()
   {
+    collect_released_graphs();
     rmm_fences::mr::stream_ordered_pool_stats s;
     std::uint64_t captured = 0;  // free bytes of captured streams' caches (their graphs')
     slots_.for_each([&](slot_type& slot) {
