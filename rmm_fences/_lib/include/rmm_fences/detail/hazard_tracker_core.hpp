@@ -310,7 +310,7 @@ class hazard_tracker_core {
 
   /// Checks the reuse of freed ranges and records the block `c.ptr`; true when a strict call
   /// stops at a `reuse_before_fence` (the block goes back to the upstream untracked).
-  bool track_locked(call_site const& c)
+  [[gnu::always_inline]] bool track_locked(call_site const& c)
   {
     auto const key = c.key();
     if (auto hazard = checks_.check_reuse(key, c.bytes, c.stream, c.stack); hazard) {
@@ -328,7 +328,7 @@ class hazard_tracker_core {
 
   /// Records the block `c.ptr`; an address still live is an `allocated_while_live`, and both
   /// records are kept.
-  void add_record_locked(call_site const& c)
+  [[gnu::always_inline]] void add_record_locked(call_site const& c)
   {
     auto const key = c.key();
     live_block record{c.bytes, Platform::key(c.stream), {}, c.stack, serial_ + 1, nullptr};
@@ -356,7 +356,7 @@ class hazard_tracker_core {
 
   /// The free of `c.ptr`: rejected (a bad free), stopped at a hazard (strict call), or checked
   /// and forgotten, to be handed to the upstream.
-  free_outcome untrack_locked(call_site const& c)
+  [[gnu::always_inline]] free_outcome untrack_locked(call_site const& c)
   {
     auto const key    = c.key();
     auto* const block = ledger_.find(key);

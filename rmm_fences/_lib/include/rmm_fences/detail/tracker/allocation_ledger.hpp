@@ -63,7 +63,7 @@ class allocation_ledger {
   [[nodiscard]] live_block* find(std::uintptr_t ptr) noexcept { return blocks_.find(ptr); }
 
   /// Records a block at an address that is not live. May throw (nothing changed).
-  void insert(std::uintptr_t ptr, live_block record)
+  void insert(std::uintptr_t ptr, live_block&& record)
   { blocks_.insert_or_assign(ptr, std::move(record)); }
 
   /// Makes `record` the newest record of the live address whose head is `head`; the head moves
