@@ -134,3 +134,29 @@ def test_under_the_variable_a_skipped_gpu_module_fails(gate, monkeypatch):
     result = gate.runpytest_subprocess()
     result.assert_outcomes(passed=1, skipped=1)
     assert result.ret == 0
+
+
+OPTIONAL_STACK_TESTS = """
+import pytest
+from conftest import optional_stack_missing
+
+@pytest.mark.gpu
+def test_needs_cudf():
+    pytest.skip(optional_stack_missing("cudf", "No module named 'cudf'"))
+
+@pytest.mark.gpu
+def test_needs_polars():
+    pytest.skip(optional_stack_missing("polars", "No module named 'polars'"))
+"""
+
+
+def test_a_skip_for_an_optional_stack_the_host_may_lack_stays_a_skip(gate, monkeypatch):
+    monkeypatch.setenv("GATE_DEVICES", "1")
+    monkeypatch.setenv("RMM_FENCES_REQUIRE_GPU", "1")
+    monkeypatch.setenv("RMM_FENCES_ALLOW_MISSING", "cudf")
+    gate.makepyfile(test_sample_gpu=OPTIONAL_STACK_TESTS)
+    result = gate.runpytest_subprocess("-rA")
+    # cudf may be missing; polars was not named: its skip fails the run
+    result.assert_outcomes(skipped=1, failed=1)
+    result.stdout.fnmatch_lines(["*needs the optional stack 'cudf' (not installed*"])
+    result.stdout.fnmatch_lines(["*RMM_FENCES_REQUIRE_GPU=1*needs the optional stack 'polars'*"])

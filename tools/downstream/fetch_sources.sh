@@ -6,9 +6,12 @@
 #   CUPY_VERSION=14.2.0 RMM_VERSION=26.10.00 bash tools/downstream/fetch_sources.sh
 # cupy: tag v<version>; its tests/ becomes .downstream/cupy-tests.
 # rmm: tag vYY.MM.PP, else branch release/YY.MM, branch-YY.MM, main; python/rmm/rmm/tests becomes
-# .downstream/rmm-tests. Shallow, sparse clones; what was fetched (ref and commit) is printed and
+# .downstream/rmm-tests. cudf (when installed, or CUDF_VERSION given): tag vYY.MM.PP, else
+# release/YY.MM, main of NVIDIA/cudf; python/cudf/cudf/tests becomes .downstream/cudf-tests and
+# python/cudf_polars/tests .downstream/cudf-polars/tests, each beside a pyproject.toml holding
+# only its package's [tool.pytest.ini_options] (warnings as errors, strict xfail). Shallow, sparse clones; what was fetched (ref and commit) is printed and
 # written to .downstream/SOURCES. PYTHON: the interpreter that reads the versions (python3);
-# DEST: the folder (.downstream); CUPY_REPO, RMM_REPO: the git URLs (GitHub's).
+# DEST: the folder (.downstream); CUPY_REPO, RMM_REPO, CUDF_REPO: the git URLs (GitHub's).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${DEST:-.downstream}
@@ -19,16 +22,10 @@ version() {  # -P: this checkout must not shadow anything
 }
 
 cupy_version=${CUPY_VERSION:-$(version cupy)}
+cudf_version=${CUDF_VERSION:-$(version cudf)}
 rmm_version=${RMM_VERSION:-$(version rmm)}
 [ -n "$cupy_version" ] || { echo "cupy is not installed here: set CUPY_VERSION" >&2; exit 2; }
 [ -n "$rmm_version" ] || { echo "rmm is not installed here: set RMM_VERSION" >&2; exit 2; }
-
-rmm_refs=(main)
-if [[ $rmm_version =~ ^v?([0-9]+)\.([0-9]+)(\.([0-9]+))? ]]; then
-  yy=$((10#${BASH_REMATCH[1]})) mm=$((10#${BASH_REMATCH[2]})) pp=$((10#${BASH_REMATCH[4]:-0}))
-  rmm_refs=("$(printf 'v%02d.%02d.%02d' "$yy" "$mm" "$pp")" "$(printf 'release/%02d.%02d' "$yy" "$mm")"
-            "$(printf 'branch-%02d.%02d' "$yy" "$mm")" main)
-fi
 
 # fetch URL SUBDIR TARGET REF...: clone the first REF that exists, copy its SUBDIR to TARGET
 fetch() {
@@ -55,8 +52,33 @@ fetch() {
   return 1
 }
 
+# refs VERSION: the tag, release branch, branch-YY.MM and main of a RAPIDS version (YY.MM.PP)
+refs() {
+  if [[ $1 =~ ^v?([0-9]+)\.([0-9]+)(\.([0-9]+))? ]]; then
+    local yy=$((10#${BASH_REMATCH[1]})) mm=$((10#${BASH_REMATCH[2]})) pp=$((10#${BASH_REMATCH[4]:-0}))
+    printf 'v%02d.%02d.%02d release/%02d.%02d branch-%02d.%02d ' "$yy" "$mm" "$pp" "$yy" "$mm" "$yy" "$mm"
+  fi
+  echo main
+}
+
+# pytest_ini PYPROJECT TARGET: the [tool.pytest.ini_options] table of PYPROJECT, alone
+pytest_ini() {
+  awk '/^\[tool\.pytest\.ini_options\]/ { on = 1; print; next } /^\[/ { on = 0 } on' "$1" > "$2"
+}
+
 mkdir -p "$dest"
 : > "$dest/SOURCES"
 echo "cupy $cupy_version, rmm $rmm_version"
 fetch "${CUPY_REPO:-https://github.com/cupy/cupy.git}" tests "$dest/cupy-tests" "v$cupy_version"
-fetch "${RMM_REPO:-https://github.com/rapidsai/rmm.git}" python/rmm/rmm/tests "$dest/rmm-tests" "${rmm_refs[@]}"
+fetch "${RMM_REPO:-https://github.com/rapidsai/rmm.git}" python/rmm/rmm/tests "$dest/rmm-tests" $(refs "$rmm_version")
+if [ -n "$cudf_version" ]; then
+  echo "cudf $cudf_version"
+  fetch "${CUDF_REPO:-https://github.com/NVIDIA/cudf.git}" python "$dest/cudf-python" $(refs "$cudf_version")
+  rm -rf "$dest/cudf-tests" "$dest/cudf-polars"
+  mkdir -p "$dest/cudf-polars"
+  cp -r "$dest/cudf-python/cudf/cudf/tests" "$dest/cudf-tests"
+  pytest_ini "$dest/cudf-python/cudf/pyproject.toml" "$dest/cudf-tests/pyproject.toml"
+  cp -r "$dest/cudf-python/cudf_polars/tests" "$dest/cudf-polars/tests"
+  pytest_ini "$dest/cudf-python/cudf_polars/pyproject.toml" "$dest/cudf-polars/pyproject.toml"
+  rm -rf "$dest/cudf-python"
+fi

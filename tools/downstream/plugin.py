@@ -15,6 +15,14 @@ Environment:
     test a crashed process died in), exceptions raised in ``__del__`` and the like (pytest's
     unraisable-exception warnings), each test's outcome (so a process that crashed still
     reports the tests it finished), and at the end the tracker's hazards.
+``RMM_FENCES_DS_RAPIDS``
+    ``1`` for cuDF's and cudf-polars' suites: numpy gets back ``row_stack`` where it lacks it
+    (numba-cuda <= 0.30.4 registers it, so ``import cudf`` fails on numpy 2.5 without it), and,
+    under a chain, cudf-polars' own memory resources are the chain: its in-memory engine builds
+    the resource that ``CUDF_POLARS__MEMORY_RESOURCE_CONFIG__QUALNAME`` names
+    (``plugin.chain_resource``) around every query, and its streaming engine the one of
+    ``MemoryResourceConfig.default()`` (patched to name the same). A test that passes its own
+    ``memory_resource`` keeps it.
 ``RMM_FENCES_DS_FAKE``
     ``1``: build and install nothing (no chain, no CuPy allocator, no rmm or cupy import), only
     log as above; the harness's CPU tests (``tests/test_downstream_harness.py``) run a fake suite
@@ -60,11 +68,16 @@ def pytest_configure(config):
     _emit({"event": "configure", "chain": spec, "cupy": how, "fake": fake, "pid": os.getpid()})
     if fake:
         return
+    rapids = os.environ.get("RMM_FENCES_DS_RAPIDS", "") == "1"
+    if rapids:
+        _numpy_row_stack()
     if spec:
         from rmm_fences.compose import compose
 
         _chain = compose(spec)
         _install()
+        if rapids:
+            _route_cudf_polars()
     if how:
         import cupy
 
@@ -80,6 +93,30 @@ def pytest_configure(config):
             raise pytest.UsageError(
                 f"RMM_FENCES_DS_CUPY must be rmm, rmm_fences or empty, got {how!r}"
             )
+
+
+def chain_resource():
+    """The chain, for cudf-polars' ``MemoryResourceConfig(qualname="plugin.chain_resource")``."""
+    return _chain
+
+
+def _numpy_row_stack():
+    import numpy
+
+    if not hasattr(numpy, "row_stack"):
+        numpy.row_stack = numpy.vstack
+
+
+def _route_cudf_polars():
+    """Makes cudf-polars' default memory resources the chain (see RMM_FENCES_DS_RAPIDS)."""
+    os.environ["CUDF_POLARS__MEMORY_RESOURCE_CONFIG__QUALNAME"] = "plugin.chain_resource"
+    try:
+        from cudf_polars.utils.config import MemoryResourceConfig
+    except ImportError:  # cuDF's suite without cudf-polars installed
+        return
+    MemoryResourceConfig.default = classmethod(
+        lambda cls: cls(qualname="plugin.chain_resource", options=None)
+    )
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Run other projects' pytest suites (RMM's, CuPy's) under rmm_fences chains; report regressions.
+"""Run other projects' pytest suites (RMM's, CuPy's, cuDF's, cudf-polars') under rmm_fences
+chains; report regressions.
 
 On the GPU host (no network needed), with rmm, cupy and rmm_fences installed and the suites'
 sources fetched beforehand by ``tools/downstream/fetch_sources.sh`` (``make downstream`` runs
@@ -8,6 +9,8 @@ this with these defaults)::
 
     python tools/downstream/run.py --suite rmm=.downstream/rmm-tests \\
         --suite cupy=.downstream/cupy-tests --out .downstream/out [--jobs N] [--chains pool ...]
+    python tools/downstream/run.py --suite cudf=.downstream/cudf-tests \
+        --suite cudf_polars=.downstream/cudf-polars --out .downstream/out-rapids
 
 Each selected test file runs once as shipped (chain ``baseline``) and once per chain of
 ``CHAINS`` (on the cupy suite each chain twice: through rmm's ``rmm_cupy_allocator`` and through
@@ -90,6 +93,40 @@ DEFAULT_FILES = {  # globs relative to the suite's folder; any other suite: test
         "cupy_tests/cuda_tests/test_graph.py",
     ],
 }
+# cuDF's tests by subject (groupby, join and merge, sort, reductions and scans, strings, IO,
+# window functions): about 25,000 tests; the whole suite (~100,000) does not fit a device call.
+DEFAULT_FILES["cudf"] = [
+    "groupby/test_*.py",
+    "reshape/test_join.py",
+    "reshape/test_merge.py",
+    "reshape/test_concat.py",
+    "dataframe/methods/test_sort_*.py",
+    "series/methods/test_sort_*.py",
+    "dataframe/methods/test_argsort.py",
+    "series/methods/test_argsort.py",
+    "dataframe/methods/test_nlargest_nsmallest.py",
+    "series/methods/test_nlargest_nsmallest.py",
+    "dataframe/methods/test_searchsorted.py",
+    "series/methods/test_searchsorted.py",
+    "dataframe/methods/test_reductions.py",
+    "series/methods/test_reductions.py",
+    "series/methods/test_cumulative_methods.py",
+    "series/accessors/test_str.py",
+    "text/test_text_methods.py",
+    "input_output/test_csv.py",
+    "input_output/test_json.py",
+    "input_output/test_orc.py",
+    "input_output/test_parquet.py",
+    "input_output/test_feather.py",
+    "input_output/test_text.py",
+    "input_output/test_avro.py",
+    "window/test_rolling.py",
+    "window/test_ewm.py",
+]
+# cudf-polars' tests (the folder holding its pyproject.toml and tests/): the in-memory and the
+# streaming engines; the Dask and Ray engines run only where distributed or ray is importable.
+DEFAULT_FILES["cudf_polars"] = ["tests/**/test_*.py"]
+RAPIDS_SUITES = {"cudf", "cudf_polars"}  # the plugin gets RMM_FENCES_DS_RAPIDS=1 for these
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "crashed", "not run")
 GOOD = {"passed", "skipped", "xfailed", "xpassed"}
 BAD = {"failed", "error", "crashed", "not run"}
@@ -354,6 +391,8 @@ def run_job(job, suites, out, args):
     if not any((Path(root) / n).exists() for n in INI_FILES):  # else pytest finds ours above
         cmd[3:3] = ["-c", str(out / "empty-pytest.ini")]
     extra = {**job["env"], "RMM_FENCES_DS_STATE": f"{base}.state"}
+    if job["suite"] in RAPIDS_SUITES:
+        extra["RMM_FENCES_DS_RAPIDS"] = "1"
     if args.cupy_cache is not None:
         extra["CUPY_CACHE_DIR"] = str(args.cupy_cache.resolve())
     env = child_env(extra)
