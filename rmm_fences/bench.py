@@ -11,6 +11,7 @@ import rmm  # noqa: F401
 
 from rmm_fences._alloc_log import Trace, read_allocation_log, write_allocation_log
 from rmm_fences._lib._bench import (
+    FootprintMeter,
     alloc_free_ns,
     fence_call_ns,
     footprint_layer,
@@ -23,6 +24,7 @@ from rmm_fences._lib._bench import stress as _native_stress
 
 __all__ = [
     "STRESS_KERNELS",
+    "FootprintMeter",
     "Trace",
     "alloc_free_ns",
     "cub_temp_loop",

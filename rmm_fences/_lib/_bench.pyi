@@ -5,6 +5,12 @@ from rmm.pylibrmm.memory_resource import DeviceMemoryResource
 
 from rmm_fences._alloc_log import Trace
 
+class FootprintMeter:
+    source: str
+    def __init__(self, mr: DeviceMemoryResource) -> None: ...
+    def start(self) -> None: ...
+    def peak(self) -> int | None: ...
+
 def alloc_free_ns(
     mr: DeviceMemoryResource,
     nbytes: int | str,

@@ -8,6 +8,7 @@ The native half of :mod:`rmm_fences.bench`, kept out of the resources module.
 from libc.stddef cimport size_t
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libcpp cimport bool as cpp_bool
+from libcpp.memory cimport unique_ptr
 from libcpp.vector cimport vector
 from cuda.bindings.cyruntime cimport cudaMemPool_t, cudaStream_t
 
@@ -87,6 +88,11 @@ cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
         device_async_resource_ref mr, const vector[cudaStream_t]& streams, double seconds,
         CUfunction fill, CUfunction check, unsigned long long* errors, size_t max_bytes,
         size_t max_live, uint64_t random_state, unsigned long long check_delay_ns) except +
+
+    cdef cppclass rmm_footprint:
+        rmm_footprint(statistics_resource_adaptor* statistics, cudaMemPool_t pool)
+        void start() except +
+        uint64_t peak() except +
 
     replay_result c_replay_trace "rmm_fences::bench::replay_trace"(
         device_async_resource_ref mr, const replay_trace_t& trace, vector[cudaStream_t] streams,
@@ -384,16 +390,8 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
                              f"({recorded.size()}), got {len(streams)}")
         handles = _stream_handles(streams)
     source, layer = footprint_layer(mr)
-    cdef statistics_resource_adaptor* c_statistics = NULL
-    cdef cudaMemPool_t c_pool = NULL
-    if source == "cuda_async_pool":
-        if isinstance(layer, CudaAsyncMemoryResource):
-            c_pool = (<cuda_async_pool_owner*>(
-                (<CudaAsyncMemoryResource>layer).c_obj.get())).pool_handle()
-        else:
-            c_pool = <cudaMemPool_t><uintptr_t>int(layer.pool_handle())
-    elif source == "statistics":
-        c_statistics = (<StatisticsResourceAdaptor>layer).c_obj.get()
+    cdef statistics_resource_adaptor* c_statistics = _statistics_of(source, layer)
+    cdef cudaMemPool_t c_pool = _pool_of(source, layer)
     cdef replay_trace_t c_trace = c_make_trace(
         thread.shape[0], &thread[0], &action[0], &ident[0], &size[0], &stream[0],
         trace.threads, recorded.size())
@@ -409,3 +407,50 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
     if source == "none":
         out["footprint_bytes"] = out["fragmentation"] = None
     return out
+
+
+cdef statistics_resource_adaptor* _statistics_of(str source, layer):
+    """The statistics adaptor of a footprint layer (see footprint_layer), or NULL."""
+    if source == "statistics":
+        return (<StatisticsResourceAdaptor>layer).c_obj.get()
+    return NULL
+
+
+cdef cudaMemPool_t _pool_of(str source, layer):
+    """The CUDA memory pool of a footprint layer (see footprint_layer), or NULL."""
+    if source != "cuda_async_pool":
+        return NULL
+    if isinstance(layer, CudaAsyncMemoryResource):
+        return (<cuda_async_pool_owner*>(
+            (<CudaAsyncMemoryResource>layer).c_obj.get())).pool_handle()
+    return <cudaMemPool_t><uintptr_t>int(layer.pool_handle())
+
+
+cdef class FootprintMeter:
+    """The most bytes a chain holds from the device between :meth:`start` and :meth:`peak`,
+    read where :func:`replay` reads it (:func:`footprint_layer`: a CudaAsync leaf's memory
+    pool, or a statistics adaptor over the leaf, as ``with_footprint`` puts it in a spec).
+
+    ``source`` is the layer's kind; with ``"none"`` the chain has no such layer and
+    :meth:`peak` returns None. One measurement at a time per chain.
+    """
+
+    cdef unique_ptr[rmm_footprint] c_obj
+    cdef readonly str source
+    cdef object _mr  # the chain stays alive while measured
+
+    def __init__(self, DeviceMemoryResource mr not None):
+        source, layer = footprint_layer(mr)
+        self.source = source
+        self._mr = mr
+        self.c_obj.reset(new rmm_footprint(_statistics_of(source, layer), _pool_of(source, layer)))
+
+    def start(self) -> None:
+        """Starts a measurement (what the chain holds now counts as held)."""
+        self.c_obj.get().start()
+
+    def peak(self):
+        """The most bytes held since :meth:`start` (None without a footprint layer)."""
+        if self.source == "none":
+            return None
+        return self.c_obj.get().peak()

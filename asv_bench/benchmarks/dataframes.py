@@ -1,0 +1,199 @@
+# SPDX-License-Identifier: Apache-2.0
+"""RAPIDS dataframes per chain: a cuDF pipeline at 10M and 100M rows, and the 22 PDS-H queries
+(TPC-H derived, cudf-polars' own definitions) on the Polars GPU engine. Wall time of one run of
+the pipeline or query after a warm-up run, and the peak device memory the chain held for it
+(``rmm_fences.bench.FootprintMeter``: the CudaAsync leaf's memory pool, or a statistics adaptor
+over the leaf), each chain against CudaAsync (cuDF's default) and rmm's pool.
+
+The chain is rmm's current device resource while cuDF runs, and the Polars engine's
+``memory_resource`` (in-memory executor). PDS-H reads parquet files made beforehand, one per
+table, from the folder ``RMM_FENCES_PDSH_DATA`` names (default ``asv_bench/pdsh-data``)::
+
+    tpchgen-cli -s 10 --format parquet -o asv_bench/pdsh-data   # tpchgen-cli 4: --format parquet
+
+(``pip install tpchgen-cli``; scale factor 10 is about 3.5 GB). Without cuDF, cudf-polars, a GPU
+or the data, every benchmark is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pathlib
+import types
+
+from ._common import require_gpu
+
+#: The chains, as specs before ``rmm_fences.bench.with_footprint`` puts the statistics adaptor
+#: over their leaf; the pools start empty, so that their peak is what the work made them take.
+SPECS = {
+    "cuda_async": "cuda_async",
+    "rmm_pool": "rmm_pool(cuda, initial_pool_size=0)",
+    "rmm_fences_pool": "pool(cuda)",
+    "tracking_pool": "tracking(pool(cuda), on_hazard=record)",
+    "sync_on_free_deferred": "sync_on_free(rmm_pool(cuda, initial_pool_size=0), mode=deferred)",
+}
+ROWS = [10_000_000, 100_000_000]
+KEYS = 100_003
+WORDS = ["alpha", "Beta", "gamma", "DELTA", "epsilon", "zeta", "Eta", "theta"]
+DATA = pathlib.Path(
+    os.environ.get(
+        "RMM_FENCES_PDSH_DATA", pathlib.Path(__file__).resolve().parents[1] / "pdsh-data"
+    )
+)
+QUERIES = list(range(1, 23))
+
+
+def _rapids(*names):
+    """The modules, or NotImplementedError (asv skips) naming what is missing."""
+    import importlib
+
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):  # numba-cuda <= 0.30.4 registers it; gone in numpy 2.5
+        np.row_stack = np.vstack
+    try:
+        return [importlib.import_module(n) for n in names]
+    except ImportError as exc:
+        raise NotImplementedError(f"needs cuDF and cudf-polars: {exc}") from None
+
+
+def _chain(name):
+    from rmm_fences.bench import FootprintMeter, with_footprint
+    from rmm_fences.compose import compose
+
+    mr = compose(with_footprint(SPECS[name]))
+    return mr, FootprintMeter(mr)
+
+
+class _OnChain:
+    """Installs the chain as rmm's current device resource for the benchmark's process."""
+
+    def _install(self, chain):
+        import rmm
+
+        self.mr, self.meter = _chain(chain)
+        self.previous = rmm.mr.get_current_device_resource()
+        rmm.mr.set_current_device_resource(self.mr)
+
+    def _measured(self, run):
+        """Runs ``run()`` once (the warm-up) under the footprint meter: its peak."""
+        import cupy
+
+        self.meter.start()
+        run()
+        cupy.cuda.Device().synchronize()
+        self.peak = self.meter.peak()
+
+    def teardown(self, *args):
+        import rmm
+
+        self.__dict__.pop("data", None)
+        gc.collect()
+        if getattr(self, "previous", None) is not None:
+            rmm.mr.set_current_device_resource(self.previous)
+
+
+class CudfPipeline(_OnChain):
+    """groupby-aggregate, merge with a dimension table, a two-column sort, string case and
+    search, a rolling mean: one pipeline over ``rows`` rows of random data made on the GPU."""
+
+    params = [ROWS, list(SPECS)]
+    param_names = ["rows", "chain"]
+    timeout = 1200
+    number = 1
+    repeat = (3, 5, 120.0)
+
+    def setup(self, rows, chain):
+        require_gpu()
+        (cudf,) = _rapids("cudf")
+        import cupy
+
+        self._install(chain)
+        rng = cupy.random.default_rng(0)
+        keys = rng.integers(0, KEYS, rows, dtype=cupy.int64)
+        self.cudf = cudf
+        self.data = {
+            "fact": cudf.DataFrame(
+                {
+                    "id": cupy.arange(rows, dtype=cupy.int64),
+                    "key": keys,
+                    "x": rng.standard_normal(rows) * 1e3,
+                    "y": rng.uniform(-1.0, 1.0, rows),
+                    "s": cudf.Series(WORDS)
+                    .take(rng.integers(0, len(WORDS), rows))
+                    .reset_index(drop=True),
+                }
+            ),
+            "dim": cudf.DataFrame(
+                {
+                    "key": cupy.arange(0, KEYS, 2, dtype=cupy.int64),
+                    "w": rng.uniform(1.0, 2.0, (KEYS + 1) // 2),
+                }
+            ),
+        }
+        self._measured(self._pipeline)
+
+    def _pipeline(self):
+        fact, dim = self.data["fact"], self.data["dim"]
+        agg = fact.groupby("key").agg({"x": ["sum", "mean"], "y": "max"})
+        joined = fact.merge(dim, on="key").sort_values(["key", "id"])
+        upper = fact["s"].str.upper()
+        found = upper.str.contains("T").sum()
+        rolled = fact["x"].rolling(7).mean()
+        return len(agg), len(joined), int(found), float(rolled.sum())
+
+    def time_pipeline(self, rows, chain):
+        import cupy
+
+        self._pipeline()
+        cupy.cuda.Device().synchronize()
+
+    def track_peak_mib(self, rows, chain):
+        return self.peak / 2**20
+
+    track_peak_mib.unit = "MiB"
+
+
+class PdsH(_OnChain):
+    """The PDS-H query ``query`` (cudf-polars' ``PDSHQueries``) on the Polars GPU engine
+    (in-memory executor) with the chain as its memory resource."""
+
+    params = [QUERIES, list(SPECS)]
+    param_names = ["query", "chain"]
+    timeout = 1200
+    number = 1
+    repeat = (3, 5, 120.0)
+
+    def setup(self, query, chain):
+        require_gpu()
+        pl, _ = _rapids("polars", "cudf_polars")
+        try:
+            from cudf_polars.streaming.benchmarks.pdsh import PDSHQueries
+        except ImportError as exc:
+            raise NotImplementedError(f"cudf-polars without its PDS-H queries: {exc}") from None
+        if not (DATA / "lineitem.parquet").is_file():
+            raise NotImplementedError(
+                f"no PDS-H data in {DATA}: make it with tpchgen-cli (see this module's docstring)"
+            )
+        suppliers = pl.scan_parquet(DATA / "supplier.parquet").select(pl.len()).collect().item()
+        run_config = types.SimpleNamespace(
+            dataset_path=str(DATA), suffix=".parquet", scale_factor=suppliers / 10_000
+        )
+        self._install(chain)
+        self.frame = getattr(PDSHQueries, f"q{query}")(run_config).frame
+        self.engine = pl.GPUEngine(
+            memory_resource=self.mr, executor="in-memory", raise_on_fail=True
+        )
+        self._measured(self._query)
+
+    def _query(self):
+        return self.frame.collect(engine=self.engine)
+
+    def time_query(self, query, chain):
+        self._query()
+
+    def track_peak_mib(self, query, chain):
+        return self.peak / 2**20
+
+    track_peak_mib.unit = "MiB"
