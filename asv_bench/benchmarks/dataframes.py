@@ -9,7 +9,7 @@ The chain is rmm's current device resource while cuDF runs, and the Polars engin
 ``memory_resource`` (in-memory executor). PDS-H reads parquet files made beforehand, one per
 table, from the folder ``RMM_FENCES_PDSH_DATA`` names (default ``asv_bench/pdsh-data``)::
 
-    tpchgen-cli -s 10 --format parquet -o asv_bench/pdsh-data   # tpchgen-cli 4: --format parquet
+    tpchgen-cli parquet -s 10 --output-dir=asv_bench/pdsh-data
 
 (``pip install tpchgen-cli``; scale factor 10 is about 3.5 GB). Without cuDF, cudf-polars, a GPU
 or the data, every benchmark is skipped with the reason.
