@@ -86,7 +86,7 @@ class pointer_map {
   }
 
   /// Erases the entry in slot `i` (from `find_index`).
-  void erase_at(std::size_t i) noexcept
+  [[gnu::always_inline]] void erase_at(std::size_t i) noexcept
   {
     // Backward shift: pull later entries of the run into the hole when their home allows it.
     for (auto j = next(i);; j = next(j)) {

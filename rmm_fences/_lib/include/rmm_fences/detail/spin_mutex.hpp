@@ -16,9 +16,24 @@ namespace rmm_fences::mr::detail {
  */
 class spin_mutex {
  public:
-  void lock() noexcept
+  /// Uncontended: one exchange, inlined at every call site; contended: `lock_contended`.
+  [[gnu::always_inline]] void lock() noexcept
   {
-    for (unsigned spins = 0; locked_.exchange(true, std::memory_order_acquire); ++spins) {
+    if (!locked_.exchange(true, std::memory_order_acquire)) [[likely]] { return; }
+    lock_contended();
+  }
+
+  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  /// The rest of a `lock` whose first exchange found the lock held: spin (then yield) while
+  /// it is held, exchange again (out of line).
+  [[gnu::noinline, gnu::cold]] void lock_contended() noexcept
+  {
+    unsigned spins = 0;
+    do {
       while (locked_.load(std::memory_order_relaxed)) {
         if (++spins > 64) {
           std::this_thread::yield();
@@ -28,14 +43,10 @@ class spin_mutex {
 #endif
         }
       }
-    }
+      ++spins;
+    } while (locked_.exchange(true, std::memory_order_acquire));
   }
 
-  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
-
-  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
-
- private:
   std::atomic<bool> locked_{false};
 };
 

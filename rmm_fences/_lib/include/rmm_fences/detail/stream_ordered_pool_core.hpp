@@ -408,12 +408,19 @@ class stream_ordered_pool_core {
    * thread-local cache, whose entry is checked by the caller under the slot's mutex
    * (`incarnation`); `refresh` skips it after a stale entry.
    */
-  slot_ref lookup(stream_type stream, bool refresh = false)
+  [[gnu::always_inline]] slot_ref lookup(stream_type stream, bool refresh = false)
   {
     auto const id = platform_.stream_id(stream);
     if (!refresh) {
-      if (auto const ref = lookups_.find(id)) { return *ref; }
+      if (auto const ref = lookups_.find(id)) [[likely]] { return *ref; }
     }
+    return lookup_slow(stream, id);
+  }
+
+  /// `lookup` past the thread's cache: the slot table, or a new slot (out of line: the hot
+  /// path stays small enough to inline).
+  [[gnu::noinline]] slot_ref lookup_slow(stream_type stream, std::uint64_t id)
+  {
     auto ref = slots_.find(id);
     if (ref.slot == nullptr) {
       if (!platform_.stream_on_device(stream)) { return {}; }
@@ -479,7 +486,7 @@ class stream_ordered_pool_core {
   /// The same-stream path: the stream's last frees, then its free list; a loose fit is left
   /// to the caller, who first looks for a tighter shared block that needs no wait. On a
   /// miss, pins the slot when asked (the caller's slower path then holds it).
-  cache_take from_cache(slot_ref ref, request const& req, bool pin_on_miss)
+  [[gnu::always_inline]] cache_take from_cache(slot_ref ref, request const& req, bool pin_on_miss)
   {
     auto& slot = *ref.slot;
     std::lock_guard<spin_mutex> lock(slot.mutex);

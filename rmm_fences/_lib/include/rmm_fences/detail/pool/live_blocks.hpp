@@ -39,7 +39,8 @@ class live_blocks {
 
   /// A free of `key` with `bytes`: none when `key` is not listed; `done` (forgotten) when the
   /// size matches; `size_mismatch` (kept) when it does not.
-  std::optional<free_result> forget(std::uintptr_t key, std::size_t bytes) noexcept
+  [[gnu::always_inline]] std::optional<free_result> forget(std::uintptr_t key,
+                                                           std::size_t bytes) noexcept
   {
     auto const i = map_.find_index(key);
     if (i == map_.npos) { return std::nullopt; }

@@ -152,10 +152,10 @@ struct alignas(64) stream_slot {
   /// A free of the live block `key` with `bytes`: checked in this slot's live blocks, else
   /// by `elsewhere()`, called with `mutex` released (`lock` holds it) and the slot pinned.
   template <typename Elsewhere>
-  free_result forget_live_locked(std::uintptr_t key,
-                                 std::size_t bytes,
-                                 std::unique_lock<spin_mutex>& lock,
-                                 Elsewhere&& elsewhere)
+  [[gnu::always_inline]] free_result forget_live_locked(std::uintptr_t key,
+                                                        std::size_t bytes,
+                                                        std::unique_lock<spin_mutex>& lock,
+                                                        Elsewhere&& elsewhere)
   {
     if (auto const r = live.forget(key, bytes)) { return *r; }
     ++pins;  // the slot stays this stream's while its mutex is released
@@ -168,7 +168,7 @@ struct alignas(64) stream_slot {
 
   /// The same-stream fit: an exact-size last free, else the free list's best fit when it is
   /// tight (at most twice `size`).
-  cache_fit take_tight_fit_locked(std::size_t size, std::size_t align)
+  [[gnu::always_inline]] cache_fit take_tight_fit_locked(std::size_t size, std::size_t align)
   {
     if (char* ptr = take_recent_locked(size, align); ptr != nullptr) { return {ptr, 0}; }
     std::size_t fit = 0;
@@ -190,7 +190,7 @@ struct alignas(64) stream_slot {
   /// Hands out `ptr`, taken from the cache for `bytes` (spanning `size`): listed live and
   /// counted. Without host memory to list it, it goes back to the cache and bad_alloc
   /// propagates.
-  char* hand_out_locked(char* ptr, std::size_t bytes, std::size_t size)
+  [[gnu::always_inline]] char* hand_out_locked(char* ptr, std::size_t bytes, std::size_t size)
   {
     try {
       live.track(ptr, bytes);
@@ -208,7 +208,7 @@ struct alignas(64) stream_slot {
 
   /// Caches a block freed on this stream (spanning `size`); false when no host memory lists
   /// it (it then stays allocated: never reused early).
-  bool cache_free_locked(char* ptr, std::size_t size) noexcept
+  [[gnu::always_inline]] bool cache_free_locked(char* ptr, std::size_t size) noexcept
   {
     add_balance_locked(-static_cast<std::int64_t>(size));
     covered = 0;
@@ -258,7 +258,7 @@ struct alignas(64) stream_slot {
    * 1/`fence_fraction` of the pool. A young stream's other frees are covered (a record, the
    * blocks stay in its cache).
    */
-  [[nodiscard]] fencing fencing_locked() noexcept
+  [[nodiscard, gnu::always_inline]] fencing fencing_locked() noexcept
   {
     bool const young = frees < young_frees;
     if (young) { ++frees; }
@@ -266,11 +266,10 @@ struct alignas(64) stream_slot {
     // Counted in cached blocks, not frees: a stream that reuses its blocks never fences.
     if (cache.block_count() + recent_count >= fence_batch) { return fencing::share; }
     // A stream that reuses its own big block, and that no other stream waits for, never
-    // fences it.
-    bool const wanted_here =
-      demanded.load(std::memory_order_relaxed) || cell->wanted.load(std::memory_order_relaxed);
-    if (wanted_here &&
-        cached_bytes_locked() >= std::max<std::size_t>(chunks_.bytes() / fence_fraction, 1)) {
+    // fences it. (The byte test first: the fence's flag lies on another object's cache line.)
+    if (cached_bytes_locked() >= std::max<std::size_t>(chunks_.bytes() / fence_fraction, 1) &&
+        (demanded.load(std::memory_order_relaxed) ||
+         cell->wanted.load(std::memory_order_relaxed))) {
       return fencing::share;
     }
     return young ? fencing::cover : fencing::none;
@@ -343,7 +342,7 @@ struct alignas(64) stream_slot {
 
  private:
   /// An exact-size block of the last frees at `align`, or nullptr.
-  char* take_recent_locked(std::size_t size, std::size_t align) noexcept
+  [[gnu::always_inline]] char* take_recent_locked(std::size_t size, std::size_t align) noexcept
   {
     for (std::size_t i = recent_count; i-- > 0;) {
       auto const b = recent[i];
@@ -357,7 +356,7 @@ struct alignas(64) stream_slot {
   }
 
   /// Adds `delta` to the balance, settled once it drifts `accounting_batch` either way.
-  void add_balance_locked(std::int64_t delta) noexcept
+  [[gnu::always_inline]] void add_balance_locked(std::int64_t delta) noexcept
   {
     balance += delta;
     if (balance >= accounting_batch || balance <= -accounting_batch) { settle_locked(); }

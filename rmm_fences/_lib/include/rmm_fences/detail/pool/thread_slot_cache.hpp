@@ -23,7 +23,7 @@ class thread_slot_cache {
   using ref_type = slot_ref<Platform>;
 
   /// This thread's cached reference to the slot of `id`, if any.
-  [[nodiscard]] std::optional<ref_type> find(std::uint64_t id) const noexcept
+  [[nodiscard, gnu::always_inline]] std::optional<ref_type> find(std::uint64_t id) const noexcept
   {
     for (auto const& e : tls().entries) {
       if (e.owner == key_ && e.id == id) { return ref_type{e.slot, e.incarnation}; }
