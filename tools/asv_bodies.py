@@ -8,11 +8,16 @@ On a GPU host (one device call, where asv's process per benchmark costs too much
     python tools/asv_bodies.py table replay  docs/data/replay/<file>.jsonl
     python tools/asv_bodies.py table replay  <file>.jsonl --png docs/img/replay_h200.png  # + chart
     python tools/asv_bodies.py table streams docs/data/bench/<file>.jsonl
+    python tools/asv_bodies.py run dataframes > dataframes.jsonl   # benchmarks/dataframes.py
+    python tools/asv_bodies.py table dataframes <file>.jsonl
 
 ``run replay`` follows ``Replay``: one ordered replay of a fresh chain for the footprint, then
 the free-running timed replays (``track_allocations_per_s``); ``run streams`` calls
 ``CrossStream``, ``StreamPerTask`` (three timed rounds) and reads the pool's stream slots
-after 100, 2 000 and 20 000 short-lived streams (``StreamSlots``' measure at three counts).
+after 100, 2 000 and 20 000 short-lived streams (``StreamSlots``' measure at three counts);
+``run dataframes`` sets up ``CudfPipeline`` and ``PdsH`` per parameter (a warm-up run under the
+footprint meter) and times ``ROUNDS`` runs; the chains of one parameter follow each other, so
+that they see the same state of the machine.
 """
 
 import argparse
@@ -86,6 +91,84 @@ def run_streams(out):
             "stats": stats,
         }
         print(json.dumps(row), file=out, flush=True)
+
+
+#: Timed runs per benchmark parameter and chain in ``run dataframes`` (the median is reported).
+ROUNDS = 5
+
+
+def run_dataframes(out):
+    import statistics
+    import time
+
+    from benchmarks import dataframes as D
+
+    cases = [("CudfPipeline", rows) for rows in D.ROWS] + [("PdsH", q) for q in D.QUERIES]
+    for bench, param in cases:
+        for chain in D.SPECS:
+            b = getattr(D, bench)()
+            row = {"bench": bench, "param": param, "chain": chain}
+            try:
+                b.setup(param, chain)
+                timed = b.time_pipeline if bench == "CudfPipeline" else b.time_query
+                seconds = []
+                for _ in range(ROUNDS):
+                    t0 = time.perf_counter()
+                    timed(param, chain)
+                    seconds.append(time.perf_counter() - t0)
+                row.update(seconds=statistics.median(seconds), rounds=seconds)
+                row["peak_mib"] = b.track_peak_mib(param, chain)
+            except NotImplementedError as exc:
+                row["skipped"] = str(exc)
+            finally:
+                b.teardown(param, chain)
+            print(json.dumps(row), file=out, flush=True)
+
+
+def table_dataframes(path):
+    """Per benchmark parameter: each chain's median time and peak over CudaAsync's; then the
+    median and largest time ratio over the PDS-H queries."""
+    import statistics
+
+    by = {}
+    for r in _rows(path):
+        if "skipped" not in r:
+            by.setdefault((r["bench"], r["param"]), {})[r["chain"]] = r
+    chains = [c for c in next(iter(by.values())) if c != "cuda_async"] if by else []
+    head = " | ".join(f"{c}: time, peak" for c in chains)
+    lines = [
+        f"| benchmark | CudaAsync s | CudaAsync peak MiB | {head} |",
+        "|---|---:|---:|" + "---:|" * len(chains),
+    ]
+    ratios = {c: [] for c in chains}  # PDS-H: (over CudaAsync, over rmm's pool)
+    for (bench, param), d in by.items():
+        base = d["cuda_async"]
+        cells = []
+        for c in chains:
+            t = d[c]["seconds"] / base["seconds"]
+            if bench == "PdsH":
+                ratios[c].append((t, d[c]["seconds"] / d["rmm_pool"]["seconds"]))
+            cells.append(f"{t:.3f}x, {d[c]['peak_mib'] / base['peak_mib']:.2f}x")
+        name = f"cuDF pipeline {param:,} rows" if bench == "CudfPipeline" else f"PDS-H q{param}"
+        lines.append(
+            f"| {name} | {base['seconds']:.3f} | {base['peak_mib']:.0f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    if any(ratios.values()):
+        lines += [
+            "",
+            "| chain | PDS-H time / CudaAsync: median | largest | / rmm's pool: median | largest |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for c, v in ratios.items():
+            if v:
+                a, p = [x for x, _ in v], [y for _, y in v]
+                lines.append(
+                    f"| {c} | {statistics.median(a):.3f}x | {max(a):.3f}x "
+                    f"| {statistics.median(p):.3f}x | {max(p):.3f}x |"
+                )
+    return "\n".join(lines)
 
 
 def _rows(path):
@@ -205,17 +288,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the bodies on a GPU host: JSON lines on stdout")
-    run.add_argument("what", choices=["replay", "streams"])
+    run.add_argument("what", choices=["replay", "streams", "dataframes"])
     table = sub.add_parser("table", help="markdown tables from a JSON-lines file")
-    table.add_argument("what", choices=["replay", "streams"])
+    table.add_argument("what", choices=["replay", "streams", "dataframes"])
     table.add_argument("path")
     table.add_argument("--png", help="replay only: also write the chart to this file (matplotlib)")
     args = parser.parse_args(argv)
     if args.command == "run":
         sys.path.insert(0, str(ASV))
-        {"replay": run_replay, "streams": run_streams}[args.what](sys.stdout)
+        runs = {"replay": run_replay, "streams": run_streams, "dataframes": run_dataframes}
+        runs[args.what](sys.stdout)
     else:
-        print({"replay": table_replay, "streams": table_streams}[args.what](args.path))
+        tables = {"replay": table_replay, "streams": table_streams, "dataframes": table_dataframes}
+        print(tables[args.what](args.path))
         if args.png:
             if args.what != "replay":
                 parser.error("--png: only the replay table has a chart")
