@@ -7,6 +7,7 @@ import gzip
 import importlib
 import importlib.util
 import io
+import json
 import pathlib
 import sys
 
@@ -146,3 +147,20 @@ def test_only_the_replay_table_has_a_chart(tmp_path):
     with pytest.raises(SystemExit):
         asv_bodies().main(["table", "streams", str(data), "--png", str(tmp_path / "x.png")])
     assert not (tmp_path / "x.png").exists()
+
+
+def test_dataframe_table_gives_each_chain_over_cudaasync_and_the_pdsh_summary(tmp_path):
+    rows = []
+    chains = ["cuda_async", "rmm_pool", "rmm_fences_pool", "sync_on_free_deferred"]
+    for q, scale in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        for i, c in enumerate(chains):
+            t = scale * (1.0 + 0.1 * i)  # rmm_pool 1.1x, pool 1.2x, sync_on_free 1.3x
+            rows.append({"bench": "PdsH", "param": q, "chain": c, "seconds": t, "peak_mib": 100})
+    rows.append({"bench": "PdsH", "param": 4, "chain": "rmm_pool", "skipped": "no data"})
+    path = tmp_path / "df.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    table = asv_bodies().table_dataframes(path)
+    assert "| PDS-H q2 | 2.000 | 100 | 1.100x, 1.00x | 1.200x, 1.00x | 1.300x, 1.00x |" in table
+    assert "q4" not in table  # skipped rows are left out
+    # sync_on_free over CudaAsync 1.3x; over rmm's pool 1.3 / 1.1
+    assert "| sync_on_free_deferred | 1.300x | 1.300x | 1.182x | 1.182x |" in table
