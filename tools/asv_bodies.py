@@ -28,31 +28,40 @@ import sys
 ASV = pathlib.Path(__file__).resolve().parents[1] / "asv_bench"
 
 
+def _run_body(bench, args, row, out, measure):
+    """Sets ``bench`` up with ``args``, adds what ``measure(bench, *args)`` returns to ``row``
+    (or why the benchmark skipped), tears it down and prints the row."""
+    try:
+        bench.setup(*args)
+        row.update(measure(bench, *args))
+    except NotImplementedError as exc:
+        row["skipped"] = str(exc)
+    finally:
+        bench.teardown(*args)
+    print(json.dumps(row), file=out, flush=True)
+
+
 def run_replay(out):
     from benchmarks import replay as R
 
+    def measure(b, trace, chain):
+        row = dict(
+            alloc_per_s=b.track_allocations_per_s(trace, chain),
+            footprint_mib=b.track_footprint_mib(trace, chain),
+            fragmentation=b.track_fragmentation(trace, chain),
+            ordered_peak_live=b.first["peak_live_bytes"],
+            trace_peak_live=b.first["trace_peak_live_bytes"],
+            errors=b.first["errors"],
+        )
+        stats = getattr(b.mr, "stats", None)
+        if isinstance(stats, dict):
+            row["stats"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+        return row
+
     for trace in R.trace_names():
         for chain in R.CHAINS:
-            b = R.Replay()
             row = {"trace": trace, "chain": chain}
-            try:
-                b.setup(trace, chain)
-                row.update(
-                    alloc_per_s=b.track_allocations_per_s(trace, chain),
-                    footprint_mib=b.track_footprint_mib(trace, chain),
-                    fragmentation=b.track_fragmentation(trace, chain),
-                    ordered_peak_live=b.first["peak_live_bytes"],
-                    trace_peak_live=b.first["trace_peak_live_bytes"],
-                    errors=b.first["errors"],
-                )
-                stats = getattr(b.mr, "stats", None)
-                if isinstance(stats, dict):
-                    row["stats"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
-            except NotImplementedError as exc:
-                row["skipped"] = str(exc)
-            finally:
-                b.teardown(trace, chain)
-            print(json.dumps(row), file=out, flush=True)
+            _run_body(R.Replay(), (trace, chain), row, out, measure)
 
 
 def run_streams(out):
@@ -103,26 +112,21 @@ def run_dataframes(out):
 
     from benchmarks import dataframes as D
 
+    def measure(b, param, chain):
+        timed = b.time_pipeline if isinstance(b, D.CudfPipeline) else b.time_query
+        seconds = []
+        for _ in range(ROUNDS):
+            t0 = time.perf_counter()
+            timed(param, chain)
+            seconds.append(time.perf_counter() - t0)
+        peak = b.track_peak_mib(param, chain)
+        return {"seconds": statistics.median(seconds), "rounds": seconds, "peak_mib": peak}
+
     cases = [("CudfPipeline", rows) for rows in D.ROWS] + [("PdsH", q) for q in D.QUERIES]
     for bench, param in cases:
         for chain in D.SPECS:
-            b = getattr(D, bench)()
             row = {"bench": bench, "param": param, "chain": chain}
-            try:
-                b.setup(param, chain)
-                timed = b.time_pipeline if bench == "CudfPipeline" else b.time_query
-                seconds = []
-                for _ in range(ROUNDS):
-                    t0 = time.perf_counter()
-                    timed(param, chain)
-                    seconds.append(time.perf_counter() - t0)
-                row.update(seconds=statistics.median(seconds), rounds=seconds)
-                row["peak_mib"] = b.track_peak_mib(param, chain)
-            except NotImplementedError as exc:
-                row["skipped"] = str(exc)
-            finally:
-                b.teardown(param, chain)
-            print(json.dumps(row), file=out, flush=True)
+            _run_body(getattr(D, bench)(), (param, chain), row, out, measure)
 
 
 def table_dataframes(path):

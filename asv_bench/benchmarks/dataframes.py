@@ -67,7 +67,12 @@ def _chain(name):
 
 
 class _OnChain:
-    """Installs the chain as rmm's current device resource for the benchmark's process."""
+    """Installs the chain as rmm's current device resource for the benchmark's process; one
+    run per sample (each runs for seconds)."""
+
+    timeout = 1200
+    number = 1
+    repeat = (3, 5, 120.0)
 
     def _install(self, chain):
         import rmm
@@ -100,9 +105,6 @@ class CudfPipeline(_OnChain):
 
     params = [ROWS, list(SPECS)]
     param_names = ["rows", "chain"]
-    timeout = 1200
-    number = 1
-    repeat = (3, 5, 120.0)
 
     def setup(self, rows, chain):
         require_gpu()
@@ -161,9 +163,6 @@ class PdsH(_OnChain):
 
     params = [QUERIES, list(SPECS)]
     param_names = ["query", "chain"]
-    timeout = 1200
-    number = 1
-    repeat = (3, 5, 120.0)
 
     def setup(self, query, chain):
         require_gpu()
