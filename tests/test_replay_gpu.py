@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import rmm
 
-from rmm_fences.bench import Trace, footprint_layer, replay, with_footprint
+from rmm_fences.bench import FootprintMeter, Trace, footprint_layer, replay, with_footprint
 from rmm_fences.compose import compose
 
 pytestmark = pytest.mark.gpu
@@ -108,6 +108,34 @@ def test_footprint_of_cuda_async_is_its_memory_pool():
         # a device's worth at most
         _, total = rmm.mr.available_device_memory()
         assert stats["footprint_bytes"] <= total
+
+
+@pytest.mark.parametrize(
+    "spec", ["cuda_async", "pool(cuda)", "rmm_pool(cuda, initial_pool_size=0)"]
+)
+def test_footprint_meter_sees_a_peak_between_start_and_peak(spec):
+    """The meter of the dataframe benchmarks: a 96 MiB block allocated and freed between start()
+    and peak() counts (on top of what the chain held before); a second measurement, with
+    nothing new allocated, reports no more than the first."""
+    mr = compose(with_footprint(spec))
+    meter = FootprintMeter(mr)
+    assert meter.source in ("cuda_async_pool", "statistics")
+    stream = rmm.pylibrmm.stream.Stream()
+    meter.start()
+    small = mr.allocate(1 << 20, stream)
+    big = mr.allocate(96 << 20, stream)
+    mr.deallocate(big, 96 << 20, stream)
+    first = meter.peak()
+    assert first >= 97 << 20, (spec, first)
+    _, total = rmm.mr.available_device_memory()
+    assert first <= total
+    meter.start()
+    mr.deallocate(small, 1 << 20, stream)
+    stream.synchronize()
+    second = meter.peak()
+    # pools keep what they took (the 97 MiB are still held); cuda_async may give memory back
+    assert second <= first + (2 << 20), (spec, first, second)
+    assert FootprintMeter(rmm.mr.CudaMemoryResource()).peak() is None
 
 
 def test_no_footprint_without_a_layer_to_read():
