@@ -164,3 +164,15 @@ def test_dataframe_table_gives_each_chain_over_cudaasync_and_the_pdsh_summary(tm
     assert "q4" not in table  # skipped rows are left out
     # sync_on_free over CudaAsync 1.3x; over rmm's pool 1.3 / 1.1
     assert "| sync_on_free_deferred | 1.300x | 1.300x | 1.182x | 1.182x |" in table
+
+
+def test_ab_summary_gives_the_median_ratio_and_quartiles_per_measurement():
+    spec = importlib.util.spec_from_file_location("ab_builds", ROOT / "tools" / "ab_builds.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    pair = {"pair": "pool(cuda_async)", "nbytes": 1 << 20}
+    rows = [{"round": r, **pair, "a": 100.0, "b": 100.0 + 2 * r} for r in range(5)]
+    rows += [{"round": 0, "replay": "reduce_1m", "chain": "rmm_fences_pool", "a": 2e6, "b": 1e6}]
+    lines = ab.summary(rows)
+    assert "| pool(cuda_async) | 1 MiB pair ns | 1.040 | 1.020-1.060 | 5 |" in lines
+    assert "| reduce_1m | replay calls/s | 0.500 | 0.500-0.500 | 1 |" in lines
