@@ -12,6 +12,7 @@
 #include <rmm_fences/detail/pool/chunk_registry.hpp>
 #include <rmm_fences/detail/pool/counters.hpp>
 #include <rmm_fences/detail/pool/fence.hpp>
+#include <rmm_fences/detail/pool/fencing.hpp>
 #include <rmm_fences/detail/pool/graph_holds.hpp>
 #include <rmm_fences/detail/pool/growth.hpp>
 #include <rmm_fences/detail/pool/live_blocks.hpp>
@@ -235,8 +236,10 @@ class stream_ordered_pool_core {
       if (ref.slot->cache_free_locked(static_cast<char*>(ptr), round_to_granule(bytes))) {
         switch (ref.slot->fencing_locked()) {
           case pool::fencing::none: break;
-          case pool::fencing::cover: cover_locked(*ref.slot, stream); break;
-          case pool::fencing::share: fence_and_share_locked(*ref.slot, stream, lock); break;
+          case pool::fencing::cover: fencing_.cover_locked(*ref.slot, stream); break;
+          case pool::fencing::share:
+            fencing_.fence_and_share_locked(*ref.slot, stream, lock);
+            break;
         }
       }
       return {};
@@ -256,7 +259,7 @@ class stream_ordered_pool_core {
     {
       std::unique_lock<spin_mutex> lock(slot->mutex);
       slot->settle_locked();  // a retired slot's balance would otherwise skew the totals
-      fence_and_share_locked(*slot, stream, lock);
+      fencing_.fence_and_share_locked(*slot, stream, lock);
     }
     slot->unpin();
     pool::pool_counters::bump(counters_.retired_streams);
@@ -273,7 +276,7 @@ class stream_ordered_pool_core {
   std::size_t release()
   {
     collect_released_graphs();
-    slots_.share_covered_caches(share_covered_fn());
+    slots_.share_covered_caches(fencing_.share_covered_fn());
     return growth_.release_whole_chunks();
   }
 
@@ -447,29 +450,9 @@ class stream_ordered_pool_core {
     if (out.graph) {
       if (!graphs_.keep(out.graph, out.blocks)) { shared_.list_untagged(out.blocks); }
     } else if (out.cover) {
-      share_covered(out.blocks, out.cover, out.covered);
+      fencing_.share_covered(out.blocks, out.cover, out.covered);
     } else {
       orphans_.add(out.blocks);
-    }
-  }
-
-  /// `share_covered` as a function object, for the slot table.
-  auto share_covered_fn() noexcept
-  {
-    return [this](pool::block_list const& blocks,
-                  pool::cell_ptr<Platform> const& cell,
-                  std::uint64_t number) noexcept { share_covered(blocks, cell, number); };
-  }
-
-  /// Lists blocks that record `number` of `cell` covers in the shared list, tagged with it.
-  void share_covered(pool::block_list const& blocks,
-                     pool::cell_ptr<Platform> const& cell,
-                     std::uint64_t number) noexcept
-  {
-    try {
-      shared_.list_tagged(blocks, tag_type::of(cell, number));
-    } catch (...) {  // no host memory for the tag: only a device synchronization frees them
-      orphans_.add(blocks);
     }
   }
 
@@ -513,8 +496,8 @@ class stream_ordered_pool_core {
     // Other streams' covered caches are shared now (their streams may be gone); the stream's
     // own free blocks coalesce with the shared list's before the pool grows (a block split
     // between the two lists would otherwise be missed).
-    bool const others = slots_.request_fences(*req.slot, share_covered_fn());
-    if (share_own_cache(*req.slot, req.stream) || others) {
+    bool const others = slots_.request_fences(*req.slot, fencing_.share_covered_fn());
+    if (fencing_.share_own_cache(*req.slot, req.stream) || others) {
       if (void* ptr = take_shared(req); ptr != nullptr) { return ptr; }
     }
     if (void* ptr = grow(req); ptr != nullptr) { return ptr; }
@@ -563,44 +546,6 @@ class stream_ordered_pool_core {
     return r;
   }
 
-  /// Records `slot`'s fence on `stream` and moves its cache to the shared list (`lock` holds
-  /// `slot.mutex`; released once the blocks moved). Skipped during capture; without a fence
-  /// the blocks stay in the cache, usable by this stream.
-  void fence_and_share_locked(slot_type& slot,
-                              stream_type stream,
-                              std::unique_lock<spin_mutex>& lock)
-  {
-    slot.flush_recent_locked();
-    if (slot.cache.empty() || platform_.is_capturing(stream)) { return; }
-    auto const number = slot.cell->record(stream);
-    if (!number) { return; }
-    slot.covered = *number;
-    slot.fence_requested.store(false, std::memory_order_relaxed);
-    auto const blocks = slot.cache.take_all();
-    auto const tag    = tag_type::of(slot.cell, *number);
-    lock.unlock();
-    shared_.insert_all(blocks, tag);
-  }
-
-  /// Records `slot`'s fence on `stream` after a free: the cache stays the stream's, covered
-  /// by the record (shared with it when another stream runs short or the slot is retired).
-  /// Skipped during capture (the cache then stays uncovered).
-  void cover_locked(slot_type& slot, stream_type stream) noexcept
-  {
-    if (slot.graph || platform_.is_capturing(stream)) { return; }
-    if (auto const number = slot.cell->record(stream)) { slot.covered = *number; }
-  }
-
-  /// Fences `slot`'s cache (blocks freed on `stream`) into the shared list, where the stream
-  /// takes them back without a wait; true when it moved any (not in capture).
-  bool share_own_cache(slot_type& slot, stream_type stream)
-  {
-    std::unique_lock<spin_mutex> lock(slot.mutex);
-    if (!slot.holds_free_blocks_locked()) { return false; }
-    fence_and_share_locked(slot, stream, lock);
-    return !lock.owns_lock();  // fence_and_share_locked unlocks once it moved the blocks
-  }
-
   /// Grows the pool for the pinned `req.slot` (`upstream_growth::grow_locked`), unless
   /// another thread grew it while this one waited.
   void* grow(request const& req)
@@ -629,6 +574,7 @@ class stream_ordered_pool_core {
   pool::pool_counters counters_;
   pool::shared_list<Platform> shared_{platform_, chunks_};
   pool::orphans orphans_{chunks_};
+  pool::fencing_actions<Platform> fencing_{platform_, shared_, orphans_};
   pool::graph_holds graphs_;
   pool::slot_table<Platform, give_up_sink> slots_;
   pool::thread_slot_cache<Platform> lookups_;
