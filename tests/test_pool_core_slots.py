@@ -329,3 +329,15 @@ def test_release_returns_a_chunk_a_covered_cache_holds_whole():
     assert p.release() == 1 << 20 and p.pool_size() == 0
     assert p.syncs == [] and p.violations == []
     assert p.stats["orphan_bytes"] == 0
+
+
+def test_the_destructor_needs_no_device_sync_for_covered_caches():
+    # A young stream's cache is covered by its record: the pool's destructor can wait on that
+    # fence instead of synchronizing the device; a free no record covers needs the sync.
+    p = HostStreamOrderedPool(1 << 20)
+    p.deallocate(p.allocate(4096, stream=1), 4096, stream=1)
+    assert not p.holds_unfenced_blocks()
+    grown_up(p, 2)
+    p.deallocate(p.allocate(4096, stream=2), 4096, stream=2)  # stream 2's 17th free
+    assert p.holds_unfenced_blocks()
+    assert p.syncs == [] and p.violations == []

@@ -505,6 +505,7 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         void retire(uint64_t) except +
         size_t release() except +
         bint synchronize_and_reclaim() except +
+        bint holds_unfenced_blocks() except +
         void begin_capture(uint64_t, uint64_t, int) except +
         void end_capture(uint64_t) except +
         bint instantiate(uint64_t) except +
@@ -681,6 +682,11 @@ cdef class HostStreamOrderedPool:
 
     def release(self) -> int:
         return deref(self.c_obj).release()
+
+    def holds_unfenced_blocks(self) -> bool:
+        """Whether the destructor would synchronize the device first (free blocks that no
+        fence covers remain; caches a record covers are shared first)."""
+        return deref(self.c_obj).holds_unfenced_blocks()
 
     def synchronize_and_reclaim(self) -> bool:
         """The named reclaim: a device sync, then the blocks it orders are free again."""

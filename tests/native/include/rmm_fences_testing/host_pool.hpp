@@ -586,6 +586,10 @@ class host_pool {
     log_->tick();
     return core_.release();
   }
+  /// What the resource's destructor asks before it returns the chunks: whether free blocks
+  /// no fence covers remain (they would need a device synchronization).
+  bool holds_unfenced_blocks() { return core_.holds_unfenced_blocks(); }
+
   /// The named reclaim, through the platform's device sync.
   bool synchronize_and_reclaim()
   {

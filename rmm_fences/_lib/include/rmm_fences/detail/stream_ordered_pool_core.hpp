@@ -316,9 +316,12 @@ class stream_ordered_pool_core {
 
   /// True when the pool holds free blocks whose last use no fence covers: cached by a stream
   /// (not a captured one) or orphaned. Only a device-wide order makes their chunks safe to
-  /// return upstream.
+  /// return upstream. Caches that a record covers are shared first (their record orders them).
   [[nodiscard]] bool holds_unfenced_blocks()
-  { return slots_.holds_uncaptured_caches() || orphans_.bytes() > 0; }
+  {
+    slots_.share_covered_caches(fencing_.share_covered_fn());
+    return slots_.holds_uncaptured_caches() || orphans_.bytes() > 0;
+  }
 
   /// Bytes held from the upstream.
   [[nodiscard]] std::size_t pool_size() const noexcept { return chunks_.bytes(); }
