@@ -159,3 +159,64 @@ def test_a_child_that_dies_reads_as_a_crash():
     cell = run_cell_in_child("cuda", "free_in_flight", 1)
     assert cell.outcome == "crashed" and cell.crashed
     assert cell.label().startswith("crashed (")
+
+
+def test_version():
+    from importlib.metadata import version
+
+    res = cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"rmm-fences {version('rmm-fences')}"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommand_describes_itself(command):
+    from rmm_fences import _cli
+
+    res = cli(command, "--help")
+    assert _cli.DESCRIPTIONS[command].split()[0] in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("16M", 16 << 20), ("1m", 1 << 20), ("3K", 3072), ("2G", 2 << 30), ("7", 7)]
+)
+def test_counts_are_powers_of_two_as_the_help_says(text, value):
+    from rmm_fences._cli._args import count
+
+    assert count(text) == value
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("reduce", "--n", "0"),
+        ("reduce", "--n", "1.5M"),
+        ("reduce", "--n", "16MB"),
+        ("reduce", "--iters", "0"),
+        ("bench", "--nbytes", "0"),
+        ("bench", "--iters", "0"),
+    ],
+)
+def test_zero_and_non_counts_are_usage_errors(args):
+    res = cli(*args)
+    assert res.returncode == 2 and f"error: argument {args[1]}" in res.stderr
+
+
+def test_help_says_what_16m_means():
+    res = cli("reduce", "--help")
+    assert "16,777,216" in " ".join(res.stdout.split())
+
+
+def test_doctor_checks_its_output_paths_before_the_run(tmp_path):
+    res = cli("doctor", "--json", str(tmp_path / "missing" / "m.json"))
+    assert res.returncode == 2 and "--json" in res.stderr and "no folder" in res.stderr
+    res = cli("doctor", "--json", str(tmp_path))
+    assert res.returncode == 2 and "is a folder" in res.stderr
+
+
+def test_doctor_plot_without_matplotlib_fails_before_the_run(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed here: the check has nothing to refuse")
+    res = cli("doctor", "--plot", str(tmp_path / "m.png"))
+    assert res.returncode == 2 and "--plot needs matplotlib" in res.stderr

@@ -16,7 +16,23 @@ COMMANDS = {
     "reduce": (reduce.HELP, reduce.add_arguments, reduce.run),
     "bench": (bench.HELP, bench.add_arguments, bench.run),
 }
-DESCRIPTIONS = {"doctor": doctor.DESCRIPTION}
+DESCRIPTIONS = {
+    name: module.DESCRIPTION
+    for name, module in (("doctor", doctor), ("reduce", reduce), ("bench", bench))
+}
+#: name -> preflight(args): a problem found before the run starts (bad paths, a missing extra)
+PREFLIGHTS = {"doctor": doctor.preflight}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rmm-fences")
+    except PackageNotFoundError:  # a source tree that was never installed
+        from rmm_fences import __version__
+
+        return __version__
 
 
 def parser() -> argparse.ArgumentParser:
@@ -24,6 +40,7 @@ def parser() -> argparse.ArgumentParser:
         prog="rmm-fences",
         description="RMM resources that make freeing GPU memory safe without a host sync.",
     )
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = top.add_subparsers(dest="command", required=True)
     for name, (help_, add_arguments, _) in COMMANDS.items():
         add_arguments(sub.add_parser(name, help=help_, description=DESCRIPTIONS.get(name)))
@@ -37,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     error = spec_error(args)
     if error:
         print(f"rmm-fences {args.command}: bad --resource: {error}", file=sys.stderr)
+        return 2
+    problem = PREFLIGHTS.get(args.command, lambda _: None)(args)
+    if problem:
+        print(f"rmm-fences {args.command}: {problem}", file=sys.stderr)
         return 2
     from rmm_fences._cuda import device_count, no_device_reason
 

@@ -274,6 +274,22 @@ def add_arguments(parser) -> None:
     )
 
 
+def preflight(args) -> str | None:
+    """What would make the run fail only at its end (checked before it starts), or None."""
+    import importlib.util
+
+    from rmm_fences._cli._args import writable_path
+
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            problem = writable_path(path, option)
+            if problem:
+                return problem
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib (pip install matplotlib)"
+    return None
+
+
 def run(args) -> int:
     """``rmm-fences doctor``: the matrix on this GPU, printed (and written with --json/--plot)."""
     import cupy
