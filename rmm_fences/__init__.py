@@ -14,7 +14,7 @@ from rmm_fences._lib.memory_resource import (
     StreamOrderedPoolMemoryResource,
     SyncOnFreeResourceAdaptor,
 )
-from rmm_fences.compose import compose, install, parse_spec
+from rmm_fences.compose import SpecError, compose, install, parse_spec
 
 __all__ = [
     "AllocationRecord",
@@ -22,6 +22,7 @@ __all__ = [
     "HazardRecord",
     "HazardTrackingResourceAdaptor",
     "HazardWarning",
+    "SpecError",
     "StreamOrderedPoolMemoryResource",
     "SyncOnFreeResourceAdaptor",
     "__version__",

@@ -26,6 +26,7 @@ def test_public_names():
         "HazardRecord",
         "HazardTrackingResourceAdaptor",
         "HazardWarning",
+        "SpecError",
         "StreamOrderedPoolMemoryResource",
         "SyncOnFreeResourceAdaptor",
         "__version__",
@@ -33,6 +34,10 @@ def test_public_names():
         "install",
         "parse_spec",
     ]
+    from rmm_fences.compose import SpecError
+
+    assert rmm_fences.SpecError is SpecError  # docs/dask.md names it; a ValueError
+    assert issubclass(SpecError, ValueError)
     assert issubclass(HazardTrackingResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(StreamOrderedPoolMemoryResource, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(SyncOnFreeResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
