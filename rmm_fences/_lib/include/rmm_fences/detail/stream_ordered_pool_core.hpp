@@ -452,8 +452,8 @@ class stream_ordered_pool_core {
     orphans_.adopt_live(out.live);
     if (out.graph) {
       if (!graphs_.keep(out.graph, out.blocks)) { shared_.list_untagged(out.blocks); }
-    } else if (out.cover) {
-      fencing_.share_covered(out.blocks, out.cover, out.covered);
+    } else if (out.cover.cell) {
+      fencing_.share_covered(out.blocks, out.cover);
     } else {
       orphans_.add(out.blocks);
     }

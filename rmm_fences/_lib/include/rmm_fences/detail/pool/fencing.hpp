@@ -73,13 +73,11 @@ class fencing_actions {
     return !lock.owns_lock();  // fence_and_share_locked unlocks once it moved the blocks
   }
 
-  /// Lists blocks that record `number` of `cell` covers in the shared list, tagged with it.
-  void share_covered(block_list const& blocks,
-                     cell_ptr<Platform> const& cell,
-                     std::uint64_t number) noexcept
+  /// Lists blocks that the record `cover` covers in the shared list, tagged with it.
+  void share_covered(block_list const& blocks, fence_need<Platform> const& cover) noexcept
   {
     try {
-      shared_.list_tagged(blocks, tag_type::of(cell, number));
+      shared_.list_tagged(blocks, tag_type::of(cover.cell, cover.number));
     } catch (...) {  // no host memory for the tag: only a device synchronization frees them
       orphans_.add(blocks);
     }
@@ -88,9 +86,9 @@ class fencing_actions {
   /// `share_covered` as a function object, for the slot table.
   auto share_covered_fn() noexcept
   {
-    return [this](block_list const& blocks,
-                  cell_ptr<Platform> const& cell,
-                  std::uint64_t number) noexcept { share_covered(blocks, cell, number); };
+    return [this](block_list const& blocks, fence_need<Platform> const& cover) noexcept {
+      share_covered(blocks, cover);
+    };
   }
 
  private:

@@ -310,23 +310,24 @@ class slot_table {
     }
   }
 
-  /// Takes `slot`'s cache out when a record covers it and hands it to `share(blocks, cell,
-  /// number)`, called with the table's mutex held and the slot's released. True when it did.
+  /// Takes `slot`'s cache out when a record covers it and hands it to `share(blocks, cover)`
+  /// (`cover`: that record), called with the table's mutex held and the slot's released. True
+  /// when it did.
   template <typename Share>
   static bool share_covered_locked(slot_type& slot, Share&& share)
   {
     block_list covered;
-    std::uint64_t number = 0;
+    fence_need<Platform> cover;
     {
       std::lock_guard<spin_mutex> slot_lock(slot.mutex);
       try {
-        number = slot.take_covered_locked(covered);
+        cover = slot.take_covered_locked(covered);
       } catch (...) {  // no host memory to list them: they stay, fenced at its next free
         return false;
       }
     }
-    if (number == 0) { return false; }
-    share(covered, slot.cell, number);
+    if (!cover.cell) { return false; }
+    share(covered, cover);
     return true;
   }
 

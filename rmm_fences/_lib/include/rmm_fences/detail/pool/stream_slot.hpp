@@ -50,8 +50,7 @@ enum class fencing { none, cover, share };
 template <typename Platform>
 struct leftovers {
   block_list blocks;
-  cell_ptr<Platform> cover;  // the fence whose record `covered` covers `blocks`, if any
-  std::uint64_t covered{};
+  fence_need<Platform> cover;  // the record that covers `blocks` (no cell: none does)
   std::vector<std::pair<std::uintptr_t, std::size_t>> live;
   std::shared_ptr<graph_hold> graph;
   std::int64_t balance{};
@@ -275,14 +274,14 @@ struct alignas(64) stream_slot {
     return young ? fencing::cover : fencing::none;
   }
 
-  /// Takes the cache out when a record covers it (appended to `out`): that record's number,
-  /// else 0 (nothing moved; may throw bad_alloc before anything moved).
-  std::uint64_t take_covered_locked(block_list& out)
+  /// Takes the cache out when a record covers it (appended to `out`): that record, else a
+  /// need without a cell (nothing moved; may throw bad_alloc before anything moved).
+  fence_need<Platform> take_covered_locked(block_list& out)
   {
-    if (covered == 0 || !holds_free_blocks_locked()) { return 0; }
-    auto const number = covered;
+    if (covered == 0 || !holds_free_blocks_locked()) { return {}; }
+    fence_need<Platform> cover{cell, covered};
     take_cached_locked(out);
-    return number;
+    return cover;
   }
 
   /// Adds the balance to the pool's totals.
@@ -322,8 +321,7 @@ struct alignas(64) stream_slot {
   {
     try {
       out.live.reserve(live.size());
-      if (covered != 0 && !graph) { out.cover = cell; }
-      out.covered = graph ? 0 : covered;
+      if (covered != 0 && !graph) { out.cover = {cell, covered}; }
       take_cached_locked(out.blocks);
     } catch (...) {
       return false;
