@@ -39,9 +39,8 @@ def _import(name):
     """``name`` imported, or the test skipped naming the optional stack it belongs to."""
     import importlib
 
-    np_ = np
-    if not hasattr(np_, "row_stack"):  # numba-cuda <= 0.30.4 registers it; gone in numpy 2.5
-        np_.row_stack = np_.vstack
+    if not hasattr(np, "row_stack"):  # numba-cuda <= 0.30.4 registers it; gone in numpy 2.5
+        np.row_stack = np.vstack
     try:
         return importlib.import_module(name)
     except ImportError as exc:
