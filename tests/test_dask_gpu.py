@@ -8,7 +8,17 @@ from rmm_fences._cuda import device_count
 pytestmark = pytest.mark.gpu
 
 
-def test_local_cuda_cluster_with_the_plugin():
+# dask-cuda's workers import cuDF where it is installed, and numba-cuda <= 0.30.4 (which cuDF
+# loads) registers numpy.row_stack, gone in numpy 2.5: the worker would fail to start. Each
+# worker preloads this first (docs/rapids.md, "Known problem on numpy 2.5").
+ROW_STACK_PRELOAD = """\
+import numpy
+if not hasattr(numpy, "row_stack"):
+    numpy.row_stack = numpy.vstack
+"""
+
+
+def test_local_cuda_cluster_with_the_plugin(tmp_path):
     pytest.importorskip("dask_cuda")
     import cupy
     import dask.array as da
@@ -18,17 +28,21 @@ def test_local_cuda_cluster_with_the_plugin():
     from rmm_fences.dask import FencesPlugin, gather_stats
 
     workers = min(2, device_count())
+    preload = tmp_path / "row_stack_alias.py"
+    preload.write_text(ROW_STACK_PRELOAD)
+    cluster = LocalCUDACluster(n_workers=workers, threads_per_worker=1, preload=[str(preload)])
     with (
-        LocalCUDACluster(n_workers=workers, threads_per_worker=1) as cluster,
+        cluster,
         Client(cluster) as client,
     ):
+        client.wait_for_workers(workers, timeout=120)  # a worker that cannot start fails here
         client.register_plugin(
             FencesPlugin("tracking(pool(cuda_async), on_hazard=record)", cupy_allocator=True)
         )
         n, period = 1 << 29, 1_000_003  # 4 GiB of float64
         x = da.arange(n, chunks=n // (8 * workers), dtype="float64").map_blocks(cupy.asarray)
         values = x % period  # real, varying data; the exact sum is known in closed form
-        got = float(values.sum().compute())
+        got = float(client.compute(values.sum()).result(timeout=600))
         full, rest = divmod(n, period)
         expected = full * period * (period - 1) / 2 + rest * (rest - 1) / 2
         assert got == expected

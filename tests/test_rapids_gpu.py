@@ -110,7 +110,7 @@ def test_cudf_pipeline_matches_pandas(chain, tmp_path):
     import pandas as pd
 
     fact, dim = _frames(pd)
-    gfact, gdim = cudf.DataFrame.from_pandas(fact), cudf.DataFrame.from_pandas(dim)
+    gfact, gdim = cudf.from_pandas(fact), cudf.from_pandas(dim)
 
     # groupby-aggregate
     got = gfact.groupby("key").agg({"x": ["sum", "mean"], "y": "max"}).sort_index().to_pandas()

@@ -144,11 +144,15 @@ def test_the_tracker_sees_the_temp_storage_freed_in_flight(cupy, scenarios, redu
     x = fresh(cupy, (1 << 20) + 7, "float64", rng)
     busy = fresh(cupy, 1 << 16, "float32", rng)
     sink = cupy.zeros(1, dtype=cupy.float64)
+    # The reduction's first call compiles it, which can outlast any spin: build it first.
+    reduce_mod.device_sum(x, mr=rmm.mr.CudaMemoryResource(), stream=stream)
     cupy.cuda.Device().synchronize()
-    scenarios.slow_checksum(busy.data.ptr, busy.size, 50, sink, stream)  # the stream is busy
+    scenarios.slow_checksum(busy.data.ptr, busy.size, 200, sink, stream)  # the stream is busy
     total = reduce_mod.device_sum(x, mr=mr, stream=stream)
+    busy_after_the_free = not stream.done
     stream.synchronize()
     check_sum(total.item(), x, "float64")
+    assert busy_after_the_free, "the stream was idle when device_sum returned: no free in flight"
     hazards = [(h.kind, h.stream, h.streams) for h in mr.hazards]
     assert hazards == [("freed_in_flight", stream.ptr, (stream.ptr,))]
     assert mr.stats["allocations"] == mr.stats["deallocations"] == 1
