@@ -172,7 +172,10 @@ def test_ab_summary_gives_the_median_ratio_and_quartiles_per_measurement():
     spec.loader.exec_module(ab)
     pair = {"pair": "pool(cuda_async)", "nbytes": 1 << 20}
     rows = [{"round": r, **pair, "a": 100.0, "b": 100.0 + 2 * r} for r in range(5)]
-    rows += [{"round": 0, "replay": "reduce_1m", "chain": "rmm_fences_pool", "a": 2e6, "b": 1e6}]
+    replay = {"replay": "reduce_1m", "chain": "rmm_fences_pool"}
+    rows += [{"round": 0, **replay, "a": 2e6, "b": 1e6}]
+    rows += [{"round": 0, **replay, "kept_streams": True, "a": 2e6, "b": 2.2e6}]
     lines = ab.summary(rows)
+    assert "| reduce_1m | replay calls/s, streams kept | 1.100 | 1.100-1.100 | 1 |" in lines
     assert "| pool(cuda_async) | 1 MiB pair ns | 1.040 | 1.020-1.060 | 5 |" in lines
     assert "| reduce_1m | replay calls/s | 0.500 | 0.500-0.500 | 1 |" in lines

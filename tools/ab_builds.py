@@ -12,7 +12,9 @@ a created stream) of the pool, the tracker over the pool and rmm's pool (a contr
 code in both builds, its ratio shows the method's noise) at 1 MiB and 64 MiB, then each
 recorded allocation log replayed through rmm_fences' pool (asv's ``Replay``, one call with its
 three repetitions per measurement; the chains of one log are made, measured and dropped before
-the next, so that one process never holds every log's pool).
+the next, so that one process never holds every log's pool). Each log is replayed twice: as
+asv does (each call makes the log's streams anew, so the pool sees new streams every call)
+and with streams made once and kept, as in the program the log was recorded from.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import gc, json, sys
 sys.path.insert(0, "asv_bench")
 import rmm
 from rmm_fences.compose import compose
-from rmm_fences.bench import alloc_free_ns
+from rmm_fences.bench import alloc_free_ns, replay
 from benchmarks import replay as R
 stream = rmm.pylibrmm.stream.Stream()
 mrs, reps = {}, {}
@@ -47,7 +49,13 @@ for line in sys.stdin:
         key = (q["replay"], q["chain"])
         if key not in reps:
             b = R.Replay(); b.setup(*key); reps[key] = b
-        v = reps[key].track_allocations_per_s(*key)
+            b.kept = [rmm.pylibrmm.stream.Stream() for _ in b.trace.stream_handles]
+        b = reps[key]
+        if q.get("kept_streams"):  # the recorded program's streams live across replays
+            v = replay(b.mr, b.trace, streams=b.kept, repeat=b.repeat_replays)
+            v = v["allocations_per_s"]
+        else:  # asv's measurement: each replay makes its streams
+            v = b.track_allocations_per_s(*key)
     print(json.dumps(v), flush=True)
 """
 
@@ -89,7 +97,8 @@ def run(site_a, site_b, rounds, out=sys.stdout):
 
     block([{"pair": s, "nbytes": n} for s in PAIRS for n in (1 << 20, 64 << 20)])
     for trace in sorted(p.name[:-7] for p in (ROOT / "asv_bench" / "traces").glob("*.csv.gz")):
-        block([{"replay": trace, "chain": "rmm_fences_pool"}])
+        q = {"replay": trace, "chain": "rmm_fences_pool"}
+        block([q, {**q, "kept_streams": True}])
     for w in (a, b):
         w.stdin.close()
         w.wait()
@@ -102,7 +111,10 @@ def summary(rows):
         key = (
             (r["pair"], f"{r['nbytes'] >> 20} MiB pair ns")
             if "pair" in r
-            else (r["replay"], "replay calls/s")
+            else (
+                r["replay"],
+                "replay calls/s" + (", streams kept" if r.get("kept_streams") else ""),
+            )
         )
         ratios[key].append(r["b"] / r["a"])
     lines = ["| measured | what | B/A median | quartiles | rounds |", "|---|---|---:|---|---:|"]
