@@ -21,9 +21,9 @@ STAMP  := $(VENV)/.rmm_fences-installed
 RMM_TESTS      ?= .downstream/rmm-tests
 CUPY_TESTS     ?= .downstream/cupy-tests
 DOWNSTREAM_OUT ?= .downstream/out
-HEADERS := $(shell find rmm_fences/_lib tests/native/include -name '*.hpp')
+HEADERS := $(shell find src/rmm_fences/_lib tests/native/include -name '*.hpp')
 CXX_SOURCES := $(shell find tests/native -name '*.cpp')
-SOURCES := pyproject.toml CMakeLists.txt $(shell find rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
+SOURCES := pyproject.toml CMakeLists.txt $(shell find src/rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
 
 .PHONY: test lint demo bench downstream install clean
 
@@ -42,14 +42,14 @@ test: $(STAMP) lint
 lint: $(STAMP)  # cython-lint runs pycodestyle, found on PATH
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	PATH="$(abspath $(VENV))/bin:$$PATH" cython-lint rmm_fences/_lib/*.pyx rmm_fences/_lib/*.pxd \
+	PATH="$(abspath $(VENV))/bin:$$PATH" cython-lint src/rmm_fences/_lib/*.pyx src/rmm_fences/_lib/*.pxd \
 	  tests/native/*.pyx
 	$(VENV)/bin/clang-format --dry-run -Werror $(HEADERS) $(CXX_SOURCES)
 	$(VENV)/bin/codespell
 
-demo: $(STAMP)  # -P: the source tree must not shadow the installed package
-	$(PY) -P -m rmm_fences doctor --quick
-	$(PY) -P -m rmm_fences reduce --resource "sync_on_free(naive_cache(cuda), mode=deferred)" \
+demo: $(STAMP)
+	$(PY) -m rmm_fences doctor --quick
+	$(PY) -m rmm_fences reduce --resource "sync_on_free(naive_cache(cuda), mode=deferred)" \
 	  --n 16777216 --iters 200
 
 bench: $(STAMP)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import rmm_fences
 from rmm_fences._cli.doctor import CHAINS, SCENARIOS, Cell, table, to_json
 from rmm_fences._cuda import device_count
 
@@ -165,7 +166,8 @@ def test_version():
     from importlib.metadata import version
 
     res = cli("--version")
-    assert res.returncode == 0 and res.stdout.strip() == f"rmm-fences {version('rmm-fences')}"
+    assert res.returncode == 0 and res.stdout.strip() == f"rmm-fences {rmm_fences.__version__}"
+    assert version("rmm-fences-cu13") == rmm_fences.__version__  # the wheel's, from one place
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -272,3 +272,62 @@ def test_the_vmm_child_runs_from_the_tests_directory():
     )
     assert res.returncode == 2, res.stdout + res.stderr
     assert "tests/vmm_child.py crash" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-c", "import rmm_fences._lib.memory_resource; print(rmm_fences.__file__)"],
+        ["-m", "rmm_fences", "--version"],
+    ],
+    ids=["import", "python -m rmm_fences"],
+)
+def test_the_source_tree_does_not_shadow_the_installed_package(command):
+    """From the repository root (on sys.path, as ``python -c`` and ``-m`` put it) the installed
+    package loads, with its compiled extensions: the sources live under src/."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    res = subprocess.run(
+        [sys.executable, *command], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not res.stdout.startswith(str(root / "rmm_fences")), res.stdout
+
+
+def _run_python(code):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_import_loads_no_optional_dependency():
+    res = _run_python(
+        "import sys, rmm_fences, rmm_fences.compose\n"
+        "print(sorted(m for m in ('cupy', 'cuda.compute', 'torch', 'distributed', "
+        "'matplotlib') if m in sys.modules))"
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "module, blocked, extra",
+    [
+        ("rmm_fences.allocators.cupy", "cupy", "cupy"),
+        ("rmm_fences._scenarios", "cupy", "cupy"),
+        ("rmm_fences.dask", "distributed", "dask"),
+    ],
+)
+def test_a_missing_optional_dependency_names_its_extra(module, blocked, extra):
+    res = _run_python(
+        f"import sys; sys.modules[{blocked!r}] = None\n"
+        f"try:\n    import {module}\n"
+        "except ImportError as exc:\n    print(exc)\n"
+    )
+    assert res.returncode == 0, res.stderr
+    assert f"pip install 'rmm-fences-cu13[{extra}]'" in res.stdout, res.stdout
+
+
+def test_the_reduce_without_cuda_cccl_names_its_extra(monkeypatch):
+    from rmm_fences._optional import require
+
+    monkeypatch.setitem(sys.modules, "cuda.compute", None)
+    with pytest.raises(ImportError, match=r"needs cuda-cccl .*rmm-fences-cu13\[reduce\]"):
+        require("cuda.compute", "rmm_fences.reduce")

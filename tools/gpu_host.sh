@@ -20,12 +20,11 @@ export PYTHONUNBUFFERED=1
 export RMM_FENCES_REQUIRE_GPU=1  # tests/conftest.py: a gpu test that skips here fails
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null || which compute-sanitizer || echo "no compute-sanitizer"
-python3 -P -c "import rmm, cupy, rmm_fences; print('rmm', rmm.__version__, 'cupy', cupy.__version__, 'rmm_fences', rmm_fences.__version__)"
-# -P: the source tree (without the compiled extension) must not shadow the installed package.
+python3 -c "import rmm, cupy, rmm_fences; print('rmm', rmm.__version__, 'cupy', cupy.__version__, 'rmm_fences', rmm_fences.__version__)"
 rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
   PYTHONPATH=tools/pytest_plugins${PYTHONPATH:+:$PYTHONPATH} \
-    python3 -P -m pytest -p instafail -p no:cacheprovider -rs -s -o faulthandler_timeout=120 \
+    python3 -m pytest -p instafail -p no:cacheprovider -rs -s -o faulthandler_timeout=120 \
     "$@" > "$out/pytest.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 "${TEST_DEADLINE:-420}"); do
@@ -49,9 +48,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   rc=$?
   grep -v "^$" "$out/pytest.log" | tail -60
 fi
-[ -z "${SKIP_BENCH:-}" ] && python3 -P -m rmm_fences bench 2>&1 | tee "$out/bench.log"
+[ -z "${SKIP_BENCH:-}" ] && python3 -m rmm_fences bench 2>&1 | tee "$out/bench.log"
 if [ -n "${DOCTOR:-}" ]; then
-  python3 -P -m rmm_fences doctor --quick --json "$out/doctor.json" --plot "$out/doctor.png" 2>&1 \
+  python3 -m rmm_fences doctor --quick --json "$out/doctor.json" --plot "$out/doctor.png" 2>&1 \
     | tee "$out/doctor.log"
 fi
 if [ -n "${ASV:-}" ]; then

@@ -2,7 +2,7 @@
 """Shared pieces of the asv suite: the GPU gate, the chains (as rmm_fences specs), streams."""
 
 # Peers and rmm_fences' resources, as parameters of the same benchmarks. Not the chains of
-# `rmm-fences doctor` (rmm_fences/_cli/doctor.py CHAINS, a safety matrix with unsafe chains
+# `rmm-fences doctor` (src/rmm_fences/_cli/doctor.py CHAINS, a safety matrix with unsafe chains
 # and every sync mode): a different set on purpose, with pools pre-sized and short names.
 CHAINS = {
     "rmm_fences_pool": "pool(cuda, initial_pool_size=1GiB)",

@@ -1,7 +1,7 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * The replay engine of rmm_fences.bench.replay (rmm_fences/_lib/_replay.hpp) over a host
+ * The replay engine of rmm_fences.bench.replay (src/rmm_fences/_lib/_replay.hpp) over a host
  * resource (CPU tests only): malloc-backed, every call recorded in one global order, the bytes
  * it holds counted (current and peak), with an injectable failure (allocations of one size
  * throw) and an injectable delay (allocations of one size sleep first, so that a free on

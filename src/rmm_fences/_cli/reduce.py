@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from rmm_fences._optional import require
+
 HELP = "the CUB temp-storage loop (allocate, CUB reduce, free without a sync) over a resource"
 DESCRIPTION = (
     "Times the CUB temp-storage loop on this GPU: each call allocates CUB's temporary storage "
@@ -35,7 +37,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """us per call, GB/s and the ratio to a preallocated temp buffer, for ``--resource``;
     then the same loop through a ReducePlan made once."""
-    import cupy
+    cupy = require("cupy", "rmm-fences reduce")
 
     from rmm_fences.bench import cub_temp_loop_us
     from rmm_fences.compose import compose

@@ -30,6 +30,8 @@ import importlib
 import re
 import threading
 
+from rmm_fences._optional import require
+
 __all__ = [
     "TorchAllocator",
     "install",
@@ -232,13 +234,8 @@ def install(mr=None, *, device=None) -> TorchAllocator:
         ``mr`` is none of the above (or ``device`` is given with ``mr=None``).
     """
     global _INSTALLED
-    try:
-        import torch
-        import torch.cuda.memory
-    except ImportError as e:
-        raise ImportError(
-            f"rmm_fences.allocators.torch.install() needs PyTorch (import torch failed: {e})"
-        ) from e
+    torch = require("torch", "rmm_fences.allocators.torch.install()")
+    importlib.import_module("torch.cuda.memory")
     with _ROUTE_LOCK:
         if _INSTALLED is not None or _native().is_installed():
             raise RuntimeError(
@@ -357,13 +354,8 @@ def mem_pool(mr=None, *, device=None):
     TypeError
         ``mr`` is none of the above.
     """
-    try:
-        import torch
-        import torch.cuda.memory
-    except ImportError as e:
-        raise ImportError(
-            f"rmm_fences.allocators.torch.mem_pool() needs PyTorch (import torch failed: {e})"
-        ) from e
+    torch = require("torch", "rmm_fences.allocators.torch.mem_pool()")
+    importlib.import_module("torch.cuda.memory")
     if _torch_version(torch) < MEM_POOL_MIN_TORCH:
         raise RuntimeError(
             "rmm_fences.allocators.torch.mem_pool() needs torch >= 2.8 (installed: "

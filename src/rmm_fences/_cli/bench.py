@@ -7,6 +7,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from rmm_fences._optional import require
+
 HELP = "allocate + deallocate per pair, Python and native"
 DESCRIPTION = (
     "Times an allocate + deallocate pair of --nbytes on a non-blocking stream for each "
@@ -49,7 +51,7 @@ def python_round_trip_us(mr, stream, nbytes: int, iterations: int, rounds: int =
 
 def run(args) -> int:
     """A row per spec: us per pair from Python, ns per pair in the native loop."""
-    import cupy
+    cupy = require("cupy", "rmm-fences bench")
     import rmm
 
     from rmm_fences.bench import alloc_free_ns

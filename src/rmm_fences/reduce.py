@@ -22,6 +22,7 @@ import threading
 
 import numpy as np
 
+from rmm_fences._optional import require
 from rmm_fences._streams import StreamHandle, rmm_stream, stream_handle
 
 __all__ = [
@@ -129,7 +130,7 @@ def _cupy_ndarray():
     """cupy.ndarray (the fast path's type), or None without CuPy."""
     if not _CUPY:
         try:
-            import cupy
+            cupy = require("cupy", "rmm_fences.reduce")
 
             ndarray = cupy.ndarray
         except ImportError:  # pragma: no cover - CuPy is a dependency
@@ -185,7 +186,7 @@ def _device_of(ptr, device):
     """``device``, or where ``ptr`` lives when it is None (None for a null pointer)."""
     if device is not None or not ptr:
         return device
-    import cupy
+    cupy = require("cupy", "rmm_fences.reduce")
 
     return cupy.cuda.runtime.pointerGetAttributes(ptr).device
 
@@ -209,7 +210,7 @@ def _op_and_key(op):
         found = _NAMED_OPS.get(op)
         if found is not None:
             return found
-    import cuda.compute as cc
+    cc = require("cuda.compute", "rmm_fences.reduce")
 
     if isinstance(op, str):
         try:
@@ -249,7 +250,7 @@ def _reducer(d_in, d_out, op, h_init, in_dtype, out_dtype):
     key = (in_dtype, out_dtype, op_key, h_init.dtype)
     reducer = _REDUCERS.get(key)
     if reducer is None:
-        import cuda.compute as cc
+        cc = require("cuda.compute", "rmm_fences.reduce")
 
         with _LOCK:
             reducer = _REDUCERS.get(key)
@@ -340,7 +341,7 @@ def _temp_bytes(reducer, d_in, d_out, n, op, init, cc_stream, device):
 
 
 def _current_device():
-    import cupy
+    cupy = require("cupy", "rmm_fences.reduce")
 
     return cupy.cuda.runtime.getDevice()
 
@@ -619,7 +620,7 @@ def device_sum(d_in, d_out=None, *, mr=None, stream=None):
             raise ValueError("d_out must hold at least one element, got an empty array")
     resource = _resource(mr)
     if d_out is None:
-        import cupy
+        cupy = require("cupy", "rmm_fences.reduce")
 
         with _cupy_stream(cupy, handle):
             out = cupy.empty(1, dtype=acc)

@@ -15,9 +15,10 @@ when asked), and restores what was there on teardown.
 
 from __future__ import annotations
 
-from distributed import WorkerPlugin
-
+from rmm_fences._optional import require
 from rmm_fences.compose import parse_spec
+
+WorkerPlugin = require("distributed", "rmm_fences.dask").WorkerPlugin
 
 __all__ = ["FencesPlugin", "gather_stats"]
 

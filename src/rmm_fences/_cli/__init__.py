@@ -25,14 +25,9 @@ PREFLIGHTS = {"doctor": doctor.preflight}
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from rmm_fences._version import __version__
 
-    try:
-        return version("rmm-fences")
-    except PackageNotFoundError:  # a source tree that was never installed
-        from rmm_fences import __version__
-
-        return __version__
+    return __version__
 
 
 def parser() -> argparse.ArgumentParser:

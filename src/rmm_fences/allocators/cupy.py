@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import weakref
 
-import cupy
-
+from rmm_fences._optional import require
 from rmm_fences._streams import rmm_stream
+
+cupy = require("cupy", "rmm_fences.allocators.cupy")
 
 __all__ = ["CupyAllocator"]
 

@@ -12,9 +12,12 @@ import functools
 import statistics
 import time
 
-import cupy
 import numpy as np
 import rmm
+
+from rmm_fences._optional import require
+
+cupy = require("cupy", "the race trial (rmm-fences doctor)")
 
 _SOURCE = r"""
 extern "C" __global__ void slow_checksum(const float* a, unsigned long long n,

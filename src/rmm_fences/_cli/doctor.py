@@ -24,6 +24,8 @@ import statistics
 import subprocess
 import sys
 
+from rmm_fences._optional import missing, require
+
 MODES = ("device", "stream", "deferred")
 # the scenarios of rmm_fences._scenarios.race (not imported here: that module needs CuPy)
 SCENARIOS = ("same_stream_reuse", "cross_stream_reuse", "free_in_flight")
@@ -213,7 +215,7 @@ def plot(cells: list[Cell], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib (pip install matplotlib)") from exc
+        raise missing("matplotlib", "rmm-fences doctor --plot") from exc
     chains = list(dict.fromkeys(c.chain for c in cells))
     colors = {"correct": "tab:green", "corrupted": "tab:orange", "crashed": "tab:red"}
     markers = {s: m for s, m in zip(SCENARIOS, "os^")}
@@ -286,13 +288,13 @@ def preflight(args) -> str | None:
             if problem:
                 return problem
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        return "--plot needs matplotlib (pip install matplotlib)"
+        return str(missing("matplotlib", "rmm-fences doctor --plot"))
     return None
 
 
 def run(args) -> int:
     """``rmm-fences doctor``: the matrix on this GPU, printed (and written with --json/--plot)."""
-    import cupy
+    cupy = require("cupy", "rmm-fences doctor")
 
     trials = 20 if args.quick and args.trials == 100 else args.trials
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())

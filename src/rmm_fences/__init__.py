@@ -14,6 +14,7 @@ from rmm_fences._lib.memory_resource import (
     StreamOrderedPoolMemoryResource,
     SyncOnFreeResourceAdaptor,
 )
+from rmm_fences._version import __version__
 from rmm_fences.compose import SpecError, compose, install, parse_spec
 
 __all__ = [
@@ -30,4 +31,3 @@ __all__ = [
     "install",
     "parse_spec",
 ]
-__version__ = "0.1.0"
