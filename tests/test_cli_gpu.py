@@ -68,7 +68,7 @@ def test_the_cub_temp_loop_floor_and_a_chain_agree_on_the_sum():
     import cupy
 
     from rmm_fences.bench import cub_temp_loop, cub_temp_loop_us
-    from rmm_fences.compose import compose
+    from rmm_fences.specs import compose
 
     stream = cupy.cuda.Stream(non_blocking=True)
     x = cupy.random.RandomState(3).standard_normal(4099, dtype=cupy.float32)

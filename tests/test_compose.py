@@ -3,7 +3,7 @@
 
 import pytest
 
-from rmm_fences.compose import RESOURCES, Spec, SpecError, parse_spec
+from rmm_fences.specs import RESOURCES, Spec, SpecError, parse_spec
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_every_name_is_documented():
 def test_every_resource_has_a_class_and_a_stream_order():
     import rmm
 
-    from rmm_fences.compose import _OTHER_STREAM_ORDERED, INHERITS, _resolve
+    from rmm_fences.specs import _OTHER_STREAM_ORDERED, INHERITS, _resolve
 
     for kind in RESOURCES.values():
         assert issubclass(_resolve(kind.cls), rmm.mr.DeviceMemoryResource), kind.name

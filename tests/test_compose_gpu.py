@@ -5,7 +5,7 @@ import pytest
 import rmm
 
 import rmm_fences
-from rmm_fences.compose import RESOURCES, compose, install
+from rmm_fences.specs import RESOURCES, compose, install
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,8 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from rmm_fences.compose import SpecError  # noqa: E402
 from rmm_fences.dask import FencesPlugin, chain_stats  # noqa: E402
+from rmm_fences.specs import SpecError  # noqa: E402
 
 
 def test_a_bad_spec_is_refused_before_any_worker():
@@ -39,7 +39,7 @@ def test_the_plugin_round_trips(dumps, loads):
 
 def test_the_package_does_not_import_dask():
     code = (
-        "import sys, rmm_fences, rmm_fences.reduce, rmm_fences.compose; "
+        "import sys, rmm_fences, rmm_fences.reduce, rmm_fences.specs; "
         "assert not {'dask', 'distributed', 'dask_cuda'} & set(sys.modules)"
     )
     res = subprocess.run(

@@ -34,7 +34,7 @@ def test_public_names():
         "install",
         "parse_spec",
     ]
-    from rmm_fences.compose import SpecError
+    from rmm_fences.specs import SpecError
 
     assert rmm_fences.SpecError is SpecError  # docs/dask.md names it; a ValueError
     assert issubclass(SpecError, ValueError)
@@ -299,7 +299,7 @@ def _run_python(code):
 
 def test_import_loads_no_optional_dependency():
     res = _run_python(
-        "import sys, rmm_fences, rmm_fences.compose\n"
+        "import sys, rmm_fences, rmm_fences.specs\n"
         "print(sorted(m for m in ('cupy', 'cuda.compute', 'torch', 'distributed', "
         "'matplotlib') if m in sys.modules))"
     )
@@ -331,3 +331,16 @@ def test_the_reduce_without_cuda_cccl_names_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.compute", None)
     with pytest.raises(ImportError, match=r"needs cuda-cccl .*rmm-fences-cu13\[reduce\]"):
         require("cuda.compute", "rmm_fences.reduce")
+
+
+def test_the_spec_module_and_the_compose_function_do_not_clash():
+    """``rmm_fences.compose`` is the function; the spec language is the module
+    ``rmm_fences.specs`` (its table of resources included), whichever is imported first."""
+    res = _run_python(
+        "import rmm_fences.specs, rmm_fences\n"
+        "assert callable(rmm_fences.compose) and rmm_fences.compose is rmm_fences.specs.compose\n"
+        "print(sorted(rmm_fences.specs.RESOURCES)[:1], rmm_fences.SpecError is "
+        "rmm_fences.specs.SpecError)"
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith("True"), res.stdout

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import rmm
 
-from rmm_fences.compose import compose
+from rmm_fences.specs import compose
 
 from conftest import optional_stack_missing
 

@@ -523,7 +523,7 @@ def test_ordered_must_be_a_bool():
 
 def test_with_footprint_puts_statistics_over_the_leaf():
     from rmm_fences.bench import with_footprint
-    from rmm_fences.compose import SpecError, parse_spec
+    from rmm_fences.specs import SpecError, parse_spec
 
     cases = {
         "cuda": "statistics(cuda)",

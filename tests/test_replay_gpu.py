@@ -8,7 +8,7 @@ import pytest
 import rmm
 
 from rmm_fences.bench import FootprintMeter, Trace, footprint_layer, replay, with_footprint
-from rmm_fences.compose import compose
+from rmm_fences.specs import compose
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ import pytest
 from test_replay import RMM_LOG
 
 from rmm_fences.bench import Trace, read_allocation_log, with_footprint, write_allocation_log
-from rmm_fences.compose import parse_spec
+from rmm_fences.specs import parse_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

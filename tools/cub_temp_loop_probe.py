@@ -15,7 +15,7 @@ import time
 import cupy
 
 from rmm_fences.bench import cub_temp_loop, cub_temp_loop_us
-from rmm_fences.compose import compose
+from rmm_fences.specs import compose
 
 CHAINS = {
     "preallocated": None,

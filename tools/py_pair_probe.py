@@ -9,7 +9,7 @@ import cupy
 import rmm
 
 from rmm_fences.bench import alloc_free_ns
-from rmm_fences.compose import compose
+from rmm_fences.specs import compose
 
 CHAINS = [
     "pool(cuda, initial_pool_size=1GiB)",

@@ -85,7 +85,7 @@ def _install_worker_log(path, upstream, dask_worker=None):
     import rmm
     from rmm.allocators.cupy import rmm_cupy_allocator
 
-    from rmm_fences.compose import compose
+    from rmm_fences.specs import compose
 
     log = rmm.mr.LoggingResourceAdaptor(compose(upstream), log_file_name=path)
     rmm.mr.set_current_device_resource(log)
@@ -248,7 +248,7 @@ def child(name: str, log_path: str, upstream: str) -> int:
     JSON line (what the workload returned, and ``log``: the file to keep)."""
     import rmm
 
-    from rmm_fences.compose import compose
+    from rmm_fences.specs import compose
 
     log = rmm.mr.LoggingResourceAdaptor(compose(upstream), log_file_name=log_path)
     rmm.mr.set_current_device_resource(log)

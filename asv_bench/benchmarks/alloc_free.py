@@ -86,7 +86,7 @@ class TrackingOverhead:
         require_gpu()
         from rmm_fences import HazardTrackingResourceAdaptor
         from rmm_fences.bench import alloc_free_ns
-        from rmm_fences.compose import compose
+        from rmm_fences.specs import compose
 
         self.bare = compose(UPSTREAMS[upstream])
         self.tracked = HazardTrackingResourceAdaptor(self.bare, on_hazard="record")

@@ -60,7 +60,7 @@ def _rapids(*names):
 
 def _chain(name):
     from rmm_fences.bench import FootprintMeter, with_footprint
-    from rmm_fences.compose import compose
+    from rmm_fences.specs import compose
 
     mr = compose(with_footprint(SPECS[name]))
     return mr, FootprintMeter(mr)

@@ -26,8 +26,8 @@ class HighWater:
     def track_peak_device_bytes(self, chain):
         import cupy
 
-        from rmm_fences.compose import compose
         from rmm_fences.reduce import device_sum
+        from rmm_fences.specs import compose
 
         mr = compose(TRACKED[chain])
         tracker = mr

@@ -15,7 +15,7 @@ from rmm_fences._lib.memory_resource import (
     SyncOnFreeResourceAdaptor,
 )
 from rmm_fences._version import __version__
-from rmm_fences.compose import SpecError, compose, install, parse_spec
+from rmm_fences.specs import SpecError, compose, install, parse_spec
 
 __all__ = [
     "AllocationRecord",

@@ -83,13 +83,13 @@ extern "C" __global__ void stress_check(const unsigned int* a, unsigned long lon
 
 
 def with_footprint(spec) -> str:
-    """``spec`` (an :mod:`rmm_fences.compose` spec, a str or a ``Spec``) with an rmm
+    """``spec`` (a spec (:mod:`rmm_fences.specs`), a str or a ``Spec``) with an rmm
     ``StatisticsResourceAdaptor`` (``statistics``) between its leaf resource and the rest: the
     layer where :func:`replay` reads the chain's footprint (:func:`footprint_layer`), e.g.
     ``"pool(cuda)"`` -> ``"pool(statistics(cuda))"``. A spec whose leaf is ``cuda_async``, or
     whose leaf already has a statistics adaptor over it, comes back as it is (the replay reads
     the CUDA memory pool of a ``cuda_async`` leaf)."""
-    from rmm_fences.compose import Spec, parse_spec
+    from rmm_fences.specs import Spec, parse_spec
 
     tree = spec if isinstance(spec, Spec) else parse_spec(spec)
 

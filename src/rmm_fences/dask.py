@@ -16,7 +16,7 @@ when asked), and restores what was there on teardown.
 from __future__ import annotations
 
 from rmm_fences._optional import require
-from rmm_fences.compose import parse_spec
+from rmm_fences.specs import parse_spec
 
 WorkerPlugin = require("distributed", "rmm_fences.dask").WorkerPlugin
 
@@ -30,7 +30,7 @@ class FencesPlugin(WorkerPlugin):
     ----------
     spec : str
         A resource spec (see :func:`rmm_fences.parse_spec`), checked here, before any worker
-        is touched: a bad one raises :class:`rmm_fences.compose.SpecError`.
+        is touched: a bad one raises :class:`rmm_fences.specs.SpecError`.
     cupy_allocator : bool
         Also route CuPy's allocations on the worker through the chain
         (:class:`rmm_fences.allocators.cupy.CupyAllocator`).
@@ -68,7 +68,7 @@ class FencesPlugin(WorkerPlugin):
         return f"FencesPlugin({self.spec!r}, cupy_allocator={self.cupy_allocator})"
 
     def setup(self, worker=None):
-        from rmm_fences.compose import install
+        from rmm_fences.specs import install
 
         self._installed = install(self.spec)
         self.resource = self._installed.resource

@@ -5,7 +5,7 @@ Loaded with ``-p plugin`` (``tools/downstream`` on PYTHONPATH) by ``tools/downst
 Environment:
 
 ``RMM_FENCES_DS_CHAIN``
-    A ``rmm_fences.compose`` spec; empty: the suite runs as shipped (the baseline).
+    A spec of ``rmm_fences.compose``; empty: the suite runs as shipped (the baseline).
 ``RMM_FENCES_DS_CUPY``
     How CuPy gets its memory: ``rmm`` (rmm's ``rmm_cupy_allocator`` over the chain installed as
     the current device resource), ``rmm_fences`` (``CupyAllocator`` over the chain), or empty
@@ -72,7 +72,7 @@ def pytest_configure(config):
     if rapids:
         _numpy_row_stack()
     if spec:
-        from rmm_fences.compose import compose
+        from rmm_fences.specs import compose
 
         _chain = compose(spec)
         _install()

@@ -66,7 +66,7 @@ def writable_path(path: str, what: str) -> str | None:
 
 def spec_error(args) -> str | None:
     """The first spec error of the command's --resource arguments (checked without a GPU)."""
-    from rmm_fences.compose import SpecError, parse_spec
+    from rmm_fences.specs import SpecError, parse_spec
 
     specs = getattr(args, "resource", None)
     for spec in [specs] if isinstance(specs, str) else (specs or []):

@@ -55,7 +55,7 @@ def run(args) -> int:
     import rmm
 
     from rmm_fences.bench import alloc_free_ns
-    from rmm_fences.compose import compose
+    from rmm_fences.specs import compose
 
     specs, nbytes, iters = args.resource or list(DEFAULT_SPECS), args.nbytes, args.iters
     stream = rmm.pylibrmm.stream.Stream(cupy.cuda.Stream(non_blocking=True))

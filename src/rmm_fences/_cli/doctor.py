@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``rmm-fences doctor``: must you sync before ``deallocate``? Answered on this GPU, as a matrix.
 
-Rows are resource chains (specs, see :mod:`rmm_fences.compose`), columns are scenarios; each
+Rows are resource chains (specs, see :mod:`rmm_fences.specs`), columns are scenarios; each
 cell runs ``trials`` times: a slow kernel reads a block of fresh random data and sums it in
 float64 while the host frees the block at once, without a sync (the race trial), then
 
@@ -90,7 +90,7 @@ def run_cell(
     import numpy as np
 
     from rmm_fences._scenarios import race
-    from rmm_fences.compose import compose
+    from rmm_fences.specs import compose
 
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")

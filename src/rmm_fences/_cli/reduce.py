@@ -40,7 +40,7 @@ def run(args) -> int:
     cupy = require("cupy", "rmm-fences reduce")
 
     from rmm_fences.bench import cub_temp_loop_us
-    from rmm_fences.compose import compose
+    from rmm_fences.specs import compose
 
     spec, n, iters = args.resource, args.n, args.iters
     mr = compose(spec)

@@ -830,8 +830,8 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
 
 def _infer_stream_ordered(mr) -> bool:
     """Whether ``mr`` orders reuse by stream or frees synchronously (see the tracker): the
-    ``stream_ordered`` of its resource in ``rmm_fences.compose.RESOURCES``."""
-    from rmm_fences.compose import _stream_ordered
+    ``stream_ordered`` of its resource in ``rmm_fences.specs.RESOURCES``."""
+    from rmm_fences.specs import _stream_ordered
     return _stream_ordered(mr)
 
 
@@ -845,7 +845,7 @@ class HazardTrackingResourceAdaptor(_HazardTrackingResourceAdaptor):
     upstream_stream_ordered : bool, optional
         Whether the upstream orders reuse by stream, or frees synchronously. ``None``
         (default): inferred from the resource's ``stream_ordered`` in
-        ``rmm_fences.compose.RESOURCES`` -- ``CudaAsyncMemoryResource``, ``PoolMemoryResource``,
+        ``rmm_fences.specs.RESOURCES`` -- ``CudaAsyncMemoryResource``, ``PoolMemoryResource``,
         ``ArenaMemoryResource``, ``BinningMemoryResource``, ``FixedSizeMemoryResource``,
         :class:`rmm_fences.StreamOrderedPoolMemoryResource` and
         :class:`rmm_fences.SyncOnFreeResourceAdaptor` are stream-ordered,

@@ -174,7 +174,7 @@ def _check_mr(mr) -> None:
     """TypeError unless ``mr`` is None, a spec (string or Spec) or an rmm resource."""
     import rmm
 
-    from rmm_fences.compose import Spec
+    from rmm_fences.specs import Spec
 
     if mr is not None and not isinstance(mr, (str, Spec, rmm.mr.DeviceMemoryResource)):
         raise TypeError(
@@ -185,7 +185,7 @@ def _check_mr(mr) -> None:
 
 def _resolve_resource(mr, device):
     """(resource, device) for :func:`install`; TypeError on anything else."""
-    from rmm_fences.compose import Spec, compose
+    from rmm_fences.specs import Spec, compose
 
     _check_mr(mr)
     if mr is None:
@@ -299,7 +299,7 @@ def _torch_version(torch) -> tuple[int, int]:
 
 def _same_resource(route: _PoolRoute, mr, device) -> bool:
     """Whether ``mem_pool(mr, device=device)`` asks for what ``route`` already serves."""
-    from rmm_fences.compose import Spec
+    from rmm_fences.specs import Spec
 
     if device is not None and route.device is not None and int(device) != route.device:
         return False

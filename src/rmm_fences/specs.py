@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Resource chains from one-line specs, and installing them as the current device resource.
 
->>> from rmm_fences.compose import parse_spec
+>>> from rmm_fences.specs import parse_spec
 >>> parse_spec("sync_on_free(naive_cache(cuda_async), mode=deferred)")
 Spec(name='sync_on_free', inner=Spec(name='naive_cache', inner=Spec(name='cuda_async', ...
 
