@@ -1,24 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """rmm_fences chains on a dask-cuda cluster: a 4+ GB CuPy reduction with the plugin."""
 
+import pathlib
+
 import pytest
 
 from rmm_fences._cuda import device_count
 
 pytestmark = pytest.mark.gpu
 
-
-# dask-cuda's workers import cuDF where it is installed, and numba-cuda <= 0.30.4 (which cuDF
-# loads) registers numpy.row_stack, gone in numpy 2.5: the worker would fail to start. Each
-# worker preloads this first (docs/rapids.md, "Known problem on numpy 2.5").
-ROW_STACK_PRELOAD = """\
-import numpy
-if not hasattr(numpy, "row_stack"):
-    numpy.row_stack = numpy.vstack
-"""
+# Each worker preloads it: dask-cuda's workers import cuDF where it is installed, which fails on
+# numpy 2.5 without the alias (the worker would not start).
+ROW_STACK_PRELOAD = pathlib.Path(__file__).resolve().parent / "numpy_row_stack.py"
 
 
-def test_local_cuda_cluster_with_the_plugin(tmp_path):
+def test_local_cuda_cluster_with_the_plugin():
     pytest.importorskip("dask_cuda")
     import cupy
     import dask.array as da
@@ -28,13 +24,10 @@ def test_local_cuda_cluster_with_the_plugin(tmp_path):
     from rmm_fences.dask import FencesPlugin, gather_stats
 
     workers = min(2, device_count())
-    preload = tmp_path / "row_stack_alias.py"
-    preload.write_text(ROW_STACK_PRELOAD)
-    cluster = LocalCUDACluster(n_workers=workers, threads_per_worker=1, preload=[str(preload)])
-    with (
-        cluster,
-        Client(cluster) as client,
-    ):
+    cluster = LocalCUDACluster(
+        n_workers=workers, threads_per_worker=1, preload=[str(ROW_STACK_PRELOAD)]
+    )
+    with cluster, Client(cluster) as client:
         client.wait_for_workers(workers, timeout=120)  # a worker that cannot start fails here
         client.register_plugin(
             FencesPlugin("tracking(pool(cuda_async), on_hazard=record)", cupy_allocator=True)

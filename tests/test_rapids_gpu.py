@@ -39,8 +39,8 @@ def _import(name):
     """``name`` imported, or the test skipped naming the optional stack it belongs to."""
     import importlib
 
-    if not hasattr(np, "row_stack"):  # numba-cuda <= 0.30.4 registers it; gone in numpy 2.5
-        np.row_stack = np.vstack
+    import numpy_row_stack  # noqa: F401  (before cuDF loads numba-cuda)
+
     try:
         return importlib.import_module(name)
     except ImportError as exc:

@@ -83,7 +83,7 @@ extern "C" __global__ void stress_check(const unsigned int* a, unsigned long lon
 
 
 def with_footprint(spec) -> str:
-    """``spec`` (a spec (:mod:`rmm_fences.specs`), a str or a ``Spec``) with an rmm
+    """``spec`` (a str or a ``Spec``, see :mod:`rmm_fences.specs`) with an rmm
     ``StatisticsResourceAdaptor`` (``statistics``) between its leaf resource and the rest: the
     layer where :func:`replay` reads the chain's footprint (:func:`footprint_layer`), e.g.
     ``"pool(cuda)"`` -> ``"pool(statistics(cuda))"``. A spec whose leaf is ``cuda_async``, or

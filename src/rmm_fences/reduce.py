@@ -130,10 +130,10 @@ def _cupy_ndarray():
     """cupy.ndarray (the fast path's type), or None without CuPy."""
     if not _CUPY:
         try:
-            cupy = require("cupy", "rmm_fences.reduce")
+            import cupy
 
             ndarray = cupy.ndarray
-        except ImportError:  # pragma: no cover - CuPy is a dependency
+        except ImportError:  # pragma: no cover - the reduce extra brings CuPy
             ndarray = None
         # the flag a.flags.c_contiguous reads, without building a Flags object per call (CuPy
         # reads it the same way across its modules); a CuPy without it takes flags

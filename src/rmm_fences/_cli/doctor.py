@@ -209,13 +209,10 @@ def to_json(cells: list[Cell], **meta) -> dict:
 
 def plot(cells: list[Cell], path: str) -> None:
     """PNG: the median cost per free against the outcome, a point per cell."""
-    try:
-        import matplotlib
+    matplotlib = require("matplotlib", "rmm-fences doctor --plot")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise missing("matplotlib", "rmm-fences doctor --plot") from exc
     chains = list(dict.fromkeys(c.chain for c in cells))
     colors = {"correct": "tab:green", "corrupted": "tab:orange", "crashed": "tab:red"}
     markers = {s: m for s, m in zip(SCENARIOS, "os^")}
