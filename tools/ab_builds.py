@@ -33,7 +33,7 @@ WORKER = r"""
 import gc, json, sys
 sys.path.insert(0, "asv_bench")
 import rmm
-from rmm_fences.specs import compose
+from rmm_fences import compose  # the function, in every build
 from rmm_fences.bench import alloc_free_ns, replay
 from benchmarks import replay as R
 stream = rmm.pylibrmm.stream.Stream()
