@@ -24,7 +24,7 @@ def require_gpu():
 
 
 def make(chain):
-    from rmm_fences.specs import compose
+    from rmm_fences import compose
 
     return compose(CHAINS[chain])
 

@@ -51,7 +51,7 @@ def arena_size(trace):
 def make_chain(chain, trace):
     """The chain ``chain`` for replaying ``trace``, with a layer that measures its footprint."""
     from rmm_fences.bench import with_footprint
-    from rmm_fences.specs import compose
+    from rmm_fences import compose
 
     if chain == "binning":
         import rmm
