@@ -144,14 +144,19 @@ def test_the_tracker_sees_the_temp_storage_freed_in_flight(cupy, scenarios, redu
     x = fresh(cupy, (1 << 20) + 7, "float64", rng)
     busy = fresh(cupy, 1 << 16, "float32", rng)
     sink = cupy.zeros(1, dtype=cupy.float64)
+    total = cupy.empty(1, dtype=cupy.float64)
     # The reduction's first call compiles it, which can outlast any spin: build it first.
-    reduce_mod.device_sum(x, mr=rmm.mr.CudaMemoryResource(), stream=stream)
+    reduce_mod.device_sum(x, total, mr=rmm.mr.CudaMemoryResource(), stream=stream)
     cupy.cuda.Device().synchronize()
-    scenarios.slow_checksum(busy.data.ptr, busy.size, 200, sink, stream)  # the stream is busy
-    total = reduce_mod.device_sum(x, mr=mr, stream=stream)
-    busy_after_the_free = not stream.done
+    # Nothing between the spin and the free may synchronize the device: the output is made
+    # before, and CuPy allocates from its own pool (a process that imported cuDF has CuPy on
+    # rmm_cupy_allocator over cudaMalloc/cudaFree, which wait for the whole device).
+    with cupy.cuda.using_allocator(cupy.cuda.MemoryPool().malloc):
+        scenarios.slow_checksum(busy.data.ptr, busy.size, 200, sink, stream)  # the stream is busy
+        reduce_mod.device_sum(x, total, mr=mr, stream=stream)
+        busy_after_the_free = not stream.done
     stream.synchronize()
-    check_sum(total.item(), x, "float64")
+    check_sum(total[0].item(), x, "float64")
     assert busy_after_the_free, "the stream was idle when device_sum returned: no free in flight"
     hazards = [(h.kind, h.stream, h.streams) for h in mr.hazards]
     assert hazards == [("freed_in_flight", stream.ptr, (stream.ptr,))]
