@@ -67,7 +67,7 @@ def test_bench_defaults_to_the_three_peers():
 def test_the_cub_temp_loop_floor_and_a_chain_agree_on_the_sum():
     import cupy
 
-    from rmm_fences.bench import cub_temp_loop, cub_temp_loop_us
+    from rmm_fences._cli.reduce import cub_temp_loop, cub_temp_loop_us
     from rmm_fences.specs import compose
 
     stream = cupy.cuda.Stream(non_blocking=True)
