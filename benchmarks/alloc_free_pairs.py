@@ -73,8 +73,9 @@ def run(args) -> int:
     import cupy
     import rmm
 
-    from rmm_fences.bench import alloc_free_ns
     from rmm_fences.specs import compose
+
+    from rmm_fences_bench import alloc_free_ns
 
     specs, nbytes, iters = args.resource or list(DEFAULT_SPECS), args.nbytes, args.iters
     stream = rmm.pylibrmm.stream.Stream(cupy.cuda.Stream(non_blocking=True))

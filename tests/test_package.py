@@ -15,7 +15,6 @@ from rmm_fences import (
     SyncOnFreeResourceAdaptor,
 )
 from rmm_fences._sizes import parse_bytes
-from rmm_fences.bench import alloc_free_ns
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
 
@@ -55,54 +54,10 @@ def test_typed_stubs_are_installed():
         "class UnmappingVmmMemoryResource",
     ):
         assert name in stub
-    bench_stub = (lib / "_bench.pyi").read_text()
-    for name in (
-        "def alloc_free_ns",
-        "def fence_call_ns",
-        "def random_allocations",
-        "def threaded_alloc_free",
-        "def threaded_stream_queries",
-        "def stress",
-        "def replay",
-        "def footprint_layer",
-    ):
-        assert name in bench_stub
-        assert name not in stub
     torch_stub = (lib / "_torch.pyi").read_text()
     for name in ("def install_core", "def stats", "def reset_peak", "def entry_points"):
         assert name in torch_stub
     assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
-
-
-def test_the_resources_module_holds_no_benchmark_loop():
-    from rmm_fences._lib import _bench, memory_resource
-
-    for name in (
-        "alloc_free_ns",
-        "fence_call_ns",
-        "random_allocations",
-        "stress",
-        "threaded_alloc_free",
-        "threaded_stream_queries",
-        "replay",
-    ):
-        assert not hasattr(memory_resource, name)
-        assert callable(getattr(_bench, name))
-    assert rmm_fences.bench.alloc_free_ns is _bench.alloc_free_ns
-
-
-def test_benchmark_randomness_is_named_random_state():
-    from rmm_fences.bench import random_allocations, stress
-
-    mr = rmm.mr.CudaMemoryResource()
-    # the argument is accepted, then validation fails before any CUDA call
-    with pytest.raises(ValueError, match="max_live must be positive"):
-        random_allocations(mr, 10, max_live=0, random_state=7)
-    with pytest.raises(ValueError, match="streams must be at least 1"):
-        stress(mr, 0, 1.0, random_state=7)
-    for fn, args in ((random_allocations, (mr, 10)), (stress, (mr, 0, 1.0))):
-        with pytest.raises(TypeError, match="seed"):
-            fn(*args, seed=7)
 
 
 ADAPTORS = [
@@ -215,15 +170,6 @@ def test_parse_bytes(text, nbytes):
     assert parse_bytes(text, "size") == nbytes
 
 
-def test_alloc_free_ns_validates_before_any_cuda_call():
-    with pytest.raises(TypeError):
-        alloc_free_ns(None, 1024)
-    with pytest.raises(ValueError, match="nbytes"):
-        alloc_free_ns(rmm.mr.CudaMemoryResource(), "much")
-    with pytest.raises(ValueError, match="iterations must be positive"):
-        alloc_free_ns(rmm.mr.CudaMemoryResource(), 1024, 0)
-
-
 @pytest.mark.parametrize(
     "kwargs, name",
     [
@@ -240,19 +186,6 @@ def test_alloc_free_ns_validates_before_any_cuda_call():
 def test_pool_bad_sizes_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), **kwargs)
-
-
-def test_threaded_benchmarks_validate_their_streams_before_any_cuda_call():
-    from rmm_fences.bench import threaded_alloc_free, threaded_stream_queries
-
-    with pytest.raises(ValueError, match="streams must hold at least one stream"):
-        threaded_alloc_free(rmm.mr.CudaMemoryResource(), 1024, 10, [])
-    with pytest.raises(TypeError, match="stream must be None, an rmm Stream"):
-        threaded_alloc_free(rmm.mr.CudaMemoryResource(), 1024, 10, [object()])
-    with pytest.raises(ValueError, match="query must be 'is_capturing' or 'get_id'"):
-        threaded_stream_queries("flush", 10, [])
-    with pytest.raises(ValueError, match="streams must hold at least one stream"):
-        threaded_stream_queries("get_id", 10, [])
 
 
 def test_the_installed_package_holds_no_test_or_benchmark_source():

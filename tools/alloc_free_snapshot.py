@@ -94,7 +94,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     import rmm_fences
-    from rmm_fences.bench import alloc_free_ns, threaded_alloc_free
+
+    from rmm_fences_bench import alloc_free_ns, threaded_alloc_free
 
     out = {"label": args.label, "rmm_fences": rmm_fences.__file__, "results": {}}
     for chain in args.chains:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run on the GPU host (device tool), from the repository root, with .whl, .dist and the host
-# test harness built here by `make install` carried
-# (carry: .whl, .dist, tests/native/rmm_fences_testing.abi3.so):
+# Run on the GPU host (device tool), from the repository root, with .whl, .dist, the host test
+# harness and the benchmarks' native loops built here by `make install` carried (carry: .whl,
+# .dist, tests/native/rmm_fences_testing.abi3.so, benchmarks/rmm_fences_bench/_loops.abi3.so):
 #   bash tools/gpu_host.sh [pytest args...]
 # Installs the pinned wheels and the rmm_fences wheel built on the CPU machine, runs the whole
 # test suite (GPU tests included) and benchmarks/alloc_free_pairs.py; logs go to $OUT when it is

@@ -1,5 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Timing and stress helpers for any rmm ``DeviceMemoryResource``."""
+"""Timing and stress helpers for any rmm ``DeviceMemoryResource``: the benchmarks' library.
+
+Never installed: ``make install`` builds its native loops (``_loops``, CMake option
+RMM_FENCES_BUILD_BENCHMARKS) in place, beside these sources; the asv suite, tools/ and the
+tests put benchmarks/ on ``sys.path`` to import it. The CUB temp-storage loop is the one
+``rmm-fences reduce`` times (:mod:`rmm_fences._cli.reduce`), re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,9 @@ from typing import Any
 
 import rmm  # noqa: F401
 
-from rmm_fences._alloc_log import Trace, read_allocation_log, write_allocation_log
 from rmm_fences._cli.reduce import cub_temp_loop, cub_temp_loop_us, event_time_us
-from rmm_fences._lib._bench import (
+
+from rmm_fences_bench._loops import (
     FootprintMeter,
     alloc_free_ns,
     fence_call_ns,
@@ -21,7 +27,8 @@ from rmm_fences._lib._bench import (
     threaded_alloc_free,
     threaded_stream_queries,
 )
-from rmm_fences._lib._bench import stress as _native_stress
+from rmm_fences_bench._loops import stress as _native_stress
+from rmm_fences_bench.alloc_log import Trace, read_allocation_log, write_allocation_log
 
 __all__ = [
     "STRESS_KERNELS",
@@ -143,7 +150,7 @@ def stress(
         A number of new non-blocking CuPy streams to create, or the streams themselves (rmm,
         CuPy, cuda.core or ``__cuda_stream__``); one thread each.
     seconds, max_bytes, max_live, random_state, check_delay_ns
-        As in ``rmm_fences._lib._bench.stress`` (``random_state`` starts the random generator
+        As in ``rmm_fences_bench._loops.stress`` (``random_state`` starts the random generator
         of the sizes, choices and patterns).
 
     Returns the native counters (``iterations``, ``allocations``, ``bytes``,
