@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Import, packaging and argument validation: no GPU needed."""
 
+import importlib.metadata
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -188,14 +190,49 @@ def test_pool_bad_sizes_name_the_argument(kwargs, name):
         StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), **kwargs)
 
 
-def test_the_installed_package_holds_no_test_or_benchmark_source():
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: Names of what only the benchmarks and the tests use (timing loops, log replay and its reader,
+#: the host test harness, the tests' child processes): no installed file may carry one.
+NOT_SHIPPED = re.compile(r"bench|replay|alloc_log|testing|conftest|_child\b|(^|/)test_")
+CODE = (".py", ".pyx", ".pxd", ".pyi", ".hpp", ".cpp", ".so")
+
+
+def _installed_files() -> set[str]:
+    """The files of the rmm_fences package, relative to it: those the distribution's RECORD
+    lists (what the wheel installed) and those its directory holds now."""
     pkg = pathlib.Path(rmm_fences.__file__).parent
-    files = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
-    assert not [f for f in files if "_testing" in f or "/testing/" in f or "vmm_child" in f]
-    not_installed = ("bench.hpp", "_replay.hpp", "_replay.pxd", "_torch.hpp")  # build-time only
-    assert not [f for f in files if f.endswith(not_installed)]
+    record = importlib.metadata.distribution("rmm-fences-cu13").files or []
+    listed = {
+        f.as_posix().removeprefix("rmm_fences/") for f in record if f.parts[0] == "rmm_fences"
+    }
+    return listed | {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
+
+
+def _module_names(folder: pathlib.Path) -> set[str]:
+    """The module, package and header names of the code under ``folder`` in the checkout (a
+    file's name up to its first dot; a package's folder name for its ``__init__``)."""
+    code = [p for p in folder.rglob("*") if p.name.endswith(CODE)]
+    return {p.parent.name if p.stem == "__init__" else p.name.split(".")[0] for p in code}
+
+
+def test_the_installed_package_holds_no_test_or_benchmark_source():
+    files = _installed_files()
+    assert "__init__.py" in files and "_lib/memory_resource.pyi" in files  # the listing works
+    assert sorted(f for f in files if NOT_SHIPPED.search(f)) == []
+    # nor any module or header of benchmarks/ or tests/, whatever it is named
+    theirs = _module_names(ROOT / "benchmarks") | _module_names(ROOT / "tests")
+    assert "rmm_fences_bench" in theirs and "rmm_fences_testing" in theirs
+    assert sorted(f for f in files if f.rsplit("/", 1)[-1].split(".")[0] in theirs) == []
     headers = sorted(f for f in files if f.endswith(".hpp"))
     assert headers and all(f.startswith("_lib/include/rmm_fences/") for f in headers)
+
+
+def test_the_wheel_installs_one_package():
+    """rmm_fences alone: the benchmarks (benchmarks/) and the host test harness (tests/native)
+    are built in place for development, never installed."""
+    record = importlib.metadata.distribution("rmm-fences-cu13").files or []
+    tops = {f.parts[0] for f in record if f.parts[0] != ".." and ".dist-info" not in f.parts[0]}
+    assert tops == {"rmm_fences"}
 
 
 def test_the_vmm_child_runs_from_the_tests_directory():
