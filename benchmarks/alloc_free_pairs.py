@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 DEFAULT_SPECS = ("pool(cuda_async)", "rmm_pool(cuda)", "cuda_async")
 
@@ -57,17 +56,6 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def python_round_trip_us(mr, stream, nbytes: int, iterations: int, rounds: int = 5) -> float:
-    """Median over rounds of the mean microseconds of ``deallocate(allocate())`` from Python."""
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(iterations):
-            mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
-        times.append((time.perf_counter() - start) / iterations * 1e6)
-    return statistics.median(times)
-
-
 def run(args) -> int:
     """A row per spec: us per pair from Python, ns per pair in the native loop."""
     import cupy
@@ -75,7 +63,7 @@ def run(args) -> int:
 
     from rmm_fences.specs import compose
 
-    from rmm_fences_bench import alloc_free_ns
+    from rmm_fences_bench import alloc_free_ns, python_pair_us
 
     specs, nbytes, iters = args.resource or list(DEFAULT_SPECS), args.nbytes, args.iters
     stream = rmm.pylibrmm.stream.Stream(cupy.cuda.Stream(non_blocking=True))
@@ -83,7 +71,7 @@ def run(args) -> int:
     print(f"{'resource':<{width}}  {'python us':>10}  {'native ns':>10}   ({nbytes} bytes)")
     for spec in specs:
         mr = compose(spec)
-        py = python_round_trip_us(mr, stream, nbytes, iterations=max(iters // 20, 100))
+        py = python_pair_us(mr, nbytes, stream, pairs=max(iters // 20, 100))
         native = statistics.median(alloc_free_ns(mr, nbytes, iters, stream) for _ in range(3))
         print(f"{spec:<{width}}  {py:>10.3f}  {native:>10.1f}")
     return 0

@@ -40,6 +40,7 @@ __all__ = [
     "event_time_us",
     "fence_call_ns",
     "footprint_layer",
+    "python_pair_us",
     "random_allocations",
     "read_allocation_log",
     "replay",
@@ -88,6 +89,23 @@ extern "C" __global__ void stress_check(const unsigned int* a, unsigned long lon
     if (bad) { atomicAdd(errors, bad); }
 }
 """
+
+
+def python_pair_us(mr, nbytes: int, stream, pairs: int = 1000, rounds: int = 5) -> float:
+    """Microseconds of one ``mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)``
+    called from Python: the median over ``rounds`` of the mean of ``pairs`` pairs, after one
+    untimed pair (the host cost from Python, beside :func:`alloc_free_ns`'s native loop)."""
+    import statistics
+    import time
+
+    mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
+    means = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(pairs):
+            mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
+        means.append((time.perf_counter() - start) / pairs * 1e6)
+    return statistics.median(means)
 
 
 def with_footprint(spec) -> str:
