@@ -2,7 +2,9 @@
 # make test : create .venv, install rmm_fences with its test, dask and lint extras, make lint, then
 #             run the tests
 #             (install also builds the host test harness, tests/native/rmm_fences_testing*.so,
-#             with -DRMM_FENCES_BUILD_TESTS=ON: it is not installed, the package is as shipped)
+#             with -DRMM_FENCES_BUILD_TESTS=ON, and the benchmarks' native loops,
+#             benchmarks/rmm_fences_bench/_loops*.so, with -DRMM_FENCES_BUILD_BENCHMARKS=ON: both
+#             are built in place and not installed, the package is as shipped)
 # make lint : ruff (check, format --check), cython-lint, clang-format --dry-run -Werror on the C++
 #             headers and tests/native/*.cpp, codespell; the tools are pinned in pyproject.toml's
 #             lint extra (the same commands as .pre-commit-config.yaml's hooks, which run offline)
@@ -21,9 +23,9 @@ STAMP  := $(VENV)/.rmm_fences-installed
 RMM_TESTS      ?= .downstream/rmm-tests
 CUPY_TESTS     ?= .downstream/cupy-tests
 DOWNSTREAM_OUT ?= .downstream/out
-HEADERS := $(shell find src/rmm_fences/_lib tests/native/include -name '*.hpp')
+HEADERS := $(shell find src/rmm_fences/_lib tests/native/include benchmarks -name '*.hpp')
 CXX_SOURCES := $(shell find tests/native -name '*.cpp')
-SOURCES := pyproject.toml CMakeLists.txt $(shell find src/rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
+SOURCES := pyproject.toml CMakeLists.txt $(shell find src/rmm_fences tests/native benchmarks -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
 
 .PHONY: test lint demo bench downstream install clean
 
@@ -32,7 +34,8 @@ install: $(STAMP)
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -C cmake.define.RMM_FENCES_BUILD_TESTS=ON ".[test,dask,lint]"
+	$(PY) -m pip install --quiet -C cmake.define.RMM_FENCES_BUILD_TESTS=ON \
+	  -C cmake.define.RMM_FENCES_BUILD_BENCHMARKS=ON ".[test,dask,lint]"
 	touch $@
 
 test: $(STAMP) lint
@@ -43,7 +46,7 @@ lint: $(STAMP)  # cython-lint runs pycodestyle, found on PATH
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	PATH="$(abspath $(VENV))/bin:$$PATH" cython-lint src/rmm_fences/_lib/*.pyx src/rmm_fences/_lib/*.pxd \
-	  tests/native/*.pyx
+	  tests/native/*.pyx benchmarks/rmm_fences_bench/*.pyx benchmarks/rmm_fences_bench/*.pxd
 	$(VENV)/bin/clang-format --dry-run -Werror $(HEADERS) $(CXX_SOURCES)
 	$(VENV)/bin/codespell
 
@@ -62,4 +65,4 @@ downstream:
 	  --out $(DOWNSTREAM_OUT) $(DOWNSTREAM_ARGS)
 
 clean:
-	rm -rf $(VENV) build tests/native/rmm_fences_testing*.so
+	rm -rf $(VENV) build tests/native/rmm_fences_testing*.so benchmarks/rmm_fences_bench/_loops*.so

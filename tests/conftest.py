@@ -17,16 +17,39 @@ from rmm_fences._cuda import device_count, no_device_reason
 #: part of the installed package.
 NATIVE_TESTS = pathlib.Path(__file__).resolve().parent / "native"
 sys.path.insert(0, str(NATIVE_TESTS))
+#: The benchmarks' library (``rmm_fences_bench``: timing loops, log replay and reader, stress),
+#: whose native loops ``make install`` builds in place (CMake option
+#: RMM_FENCES_BUILD_BENCHMARKS=ON); no part of the installed package either.
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+
+def _built(folder: pathlib.Path, pattern: str, what: str, users: str, option: str) -> str:
+    """A line of the report's header: where the in-place module ``pattern`` was built, or how
+    to build it."""
+    built = sorted(folder.glob(pattern))
+    if built:
+        return f"{what}: {built[0]}"
+    return f"{what}: NOT BUILT ({users}; `make install` builds it with -C cmake.define.{option}=ON)"
 
 
 def pytest_report_header(config):
-    built = sorted(NATIVE_TESTS.glob("rmm_fences_testing*.so"))
-    if built:
-        return f"host test harness: {built[0]}"
-    return (
-        "host test harness: NOT BUILT (the *_core tests cannot import rmm_fences_testing; "
-        "`make install` builds it with -C cmake.define.RMM_FENCES_BUILD_TESTS=ON)"
-    )
+    return [
+        _built(
+            NATIVE_TESTS,
+            "rmm_fences_testing*.so",
+            "host test harness",
+            "the *_core tests cannot import rmm_fences_testing",
+            "RMM_FENCES_BUILD_TESTS",
+        ),
+        _built(
+            BENCHMARKS / "rmm_fences_bench",
+            "_loops*.so",
+            "benchmarks' native loops",
+            "the replay, stress and loop tests cannot import rmm_fences_bench",
+            "RMM_FENCES_BUILD_BENCHMARKS",
+        ),
+    ]
 
 
 #: Set to 1 on a GPU host: a ``gpu`` test that skips (no device found, or a skip at run time)

@@ -12,7 +12,7 @@ import rmm_fences
 from rmm_fences._cli.doctor import CHAINS, SCENARIOS, Cell, table, to_json
 from rmm_fences._cuda import device_count
 
-COMMANDS = ("doctor", "reduce", "bench")
+COMMANDS = ("doctor", "reduce")
 
 
 def cli(*args):
@@ -30,12 +30,13 @@ def test_help_works_everywhere(command):
     assert res.returncode == 0 and "usage: rmm-fences " + command in res.stdout
 
 
-def test_help_lists_exactly_the_three_commands():
+def test_help_lists_exactly_the_two_commands():
     res = cli("--help")
     assert res.returncode == 0
     listed = re.search(r"\{([^}]*)\}", res.stdout).group(1).split(",")
     assert listed == list(COMMANDS)
-    for removed in ("demo", "pool-bench", "reduce-bench", "tracking-bench"):
+    # bench: now benchmarks/alloc_free_pairs.py in the checkout (test_alloc_free_pairs.py)
+    for removed in ("demo", "bench", "pool-bench", "reduce-bench", "tracking-bench"):
         assert removed not in res.stdout
         res = cli(removed)
         assert res.returncode == 2 and "invalid choice" in res.stderr
@@ -63,15 +64,8 @@ def test_the_scenarios_match_the_race_trial():
     assert _scenarios.SCENARIOS == SCENARIOS
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("reduce", "--resource", "poool(cuda)"),
-        ("bench", "--resource", "cuda", "--resource", "pool"),
-    ],
-)
-def test_bad_specs_exit_2_with_the_caret(args):
-    res = cli(*args)
+def test_bad_specs_exit_2_with_the_caret():
+    res = cli("reduce", "--resource", "poool(cuda)")
     assert res.returncode == 2
     assert "bad --resource" in res.stderr and "^" in res.stderr
 
@@ -194,8 +188,6 @@ def test_counts_are_powers_of_two_as_the_help_says(text, value):
         ("reduce", "--n", "1.5M"),
         ("reduce", "--n", "16MB"),
         ("reduce", "--iters", "0"),
-        ("bench", "--nbytes", "0"),
-        ("bench", "--iters", "0"),
     ],
 )
 def test_zero_and_non_counts_are_usage_errors(args):

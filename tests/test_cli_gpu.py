@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``rmm-fences reduce`` and ``rmm-fences bench`` on a GPU: they run, check and report (the
-doctor: test_doctor_gpu.py)."""
+"""``rmm-fences reduce`` on a GPU: it runs, checks and reports (the doctor:
+test_doctor_gpu.py)."""
 
 import re
 import subprocess
@@ -45,29 +45,10 @@ def test_reduce_reports_time_bandwidth_and_the_floor(spec):
     assert plan_us > 0 and plan_ratio == pytest.approx(plan_us / floor, rel=0.01)
 
 
-def test_bench_reports_a_row_per_spec():
-    specs = ["pool(cuda)", "cuda_async", "rmm_pool(cuda, initial_pool_size=256MiB)"]
-    args = [a for s in specs for a in ("--resource", s)]
-    res = cli("bench", *args, "--nbytes", "1MiB", "--iters", "2000")
-    assert res.returncode == 0
-    for spec in specs:
-        row = [line for line in res.stdout.splitlines() if line.startswith(spec + " ")]
-        assert len(row) == 1, res.stdout
-        py_us, native_ns = map(float, row[0][len(spec) :].split())
-        assert py_us > 0 and native_ns > 0
-
-
-def test_bench_defaults_to_the_three_peers():
-    res = cli("bench", "--iters", "2000")
-    assert res.returncode == 0
-    rows = [line.split()[0] for line in res.stdout.splitlines()[1:] if line.strip()]
-    assert rows == ["pool(cuda_async)", "rmm_pool(cuda)", "cuda_async"], res.stdout
-
-
 def test_the_cub_temp_loop_floor_and_a_chain_agree_on_the_sum():
     import cupy
 
-    from rmm_fences.bench import cub_temp_loop, cub_temp_loop_us
+    from rmm_fences._cli.reduce import cub_temp_loop, cub_temp_loop_us
     from rmm_fences.specs import compose
 
     stream = cupy.cuda.Stream(non_blocking=True)

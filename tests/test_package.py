@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Import, packaging and argument validation: no GPU needed."""
 
+import importlib.metadata
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -15,7 +17,6 @@ from rmm_fences import (
     SyncOnFreeResourceAdaptor,
 )
 from rmm_fences._sizes import parse_bytes
-from rmm_fences.bench import alloc_free_ns
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
 
@@ -55,54 +56,10 @@ def test_typed_stubs_are_installed():
         "class UnmappingVmmMemoryResource",
     ):
         assert name in stub
-    bench_stub = (lib / "_bench.pyi").read_text()
-    for name in (
-        "def alloc_free_ns",
-        "def fence_call_ns",
-        "def random_allocations",
-        "def threaded_alloc_free",
-        "def threaded_stream_queries",
-        "def stress",
-        "def replay",
-        "def footprint_layer",
-    ):
-        assert name in bench_stub
-        assert name not in stub
     torch_stub = (lib / "_torch.pyi").read_text()
     for name in ("def install_core", "def stats", "def reset_peak", "def entry_points"):
         assert name in torch_stub
     assert (pathlib.Path(rmm_fences.__file__).parent / "py.typed").exists()
-
-
-def test_the_resources_module_holds_no_benchmark_loop():
-    from rmm_fences._lib import _bench, memory_resource
-
-    for name in (
-        "alloc_free_ns",
-        "fence_call_ns",
-        "random_allocations",
-        "stress",
-        "threaded_alloc_free",
-        "threaded_stream_queries",
-        "replay",
-    ):
-        assert not hasattr(memory_resource, name)
-        assert callable(getattr(_bench, name))
-    assert rmm_fences.bench.alloc_free_ns is _bench.alloc_free_ns
-
-
-def test_benchmark_randomness_is_named_random_state():
-    from rmm_fences.bench import random_allocations, stress
-
-    mr = rmm.mr.CudaMemoryResource()
-    # the argument is accepted, then validation fails before any CUDA call
-    with pytest.raises(ValueError, match="max_live must be positive"):
-        random_allocations(mr, 10, max_live=0, random_state=7)
-    with pytest.raises(ValueError, match="streams must be at least 1"):
-        stress(mr, 0, 1.0, random_state=7)
-    for fn, args in ((random_allocations, (mr, 10)), (stress, (mr, 0, 1.0))):
-        with pytest.raises(TypeError, match="seed"):
-            fn(*args, seed=7)
 
 
 ADAPTORS = [
@@ -215,15 +172,6 @@ def test_parse_bytes(text, nbytes):
     assert parse_bytes(text, "size") == nbytes
 
 
-def test_alloc_free_ns_validates_before_any_cuda_call():
-    with pytest.raises(TypeError):
-        alloc_free_ns(None, 1024)
-    with pytest.raises(ValueError, match="nbytes"):
-        alloc_free_ns(rmm.mr.CudaMemoryResource(), "much")
-    with pytest.raises(ValueError, match="iterations must be positive"):
-        alloc_free_ns(rmm.mr.CudaMemoryResource(), 1024, 0)
-
-
 @pytest.mark.parametrize(
     "kwargs, name",
     [
@@ -242,27 +190,49 @@ def test_pool_bad_sizes_name_the_argument(kwargs, name):
         StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), **kwargs)
 
 
-def test_threaded_benchmarks_validate_their_streams_before_any_cuda_call():
-    from rmm_fences.bench import threaded_alloc_free, threaded_stream_queries
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: Names of what only the benchmarks and the tests use (timing loops, log replay and its reader,
+#: the host test harness, the tests' child processes): no installed file may carry one.
+NOT_SHIPPED = re.compile(r"bench|replay|alloc_log|testing|conftest|_child\b|(^|/)test_")
+CODE = (".py", ".pyx", ".pxd", ".pyi", ".hpp", ".cpp", ".so")
 
-    with pytest.raises(ValueError, match="streams must hold at least one stream"):
-        threaded_alloc_free(rmm.mr.CudaMemoryResource(), 1024, 10, [])
-    with pytest.raises(TypeError, match="stream must be None, an rmm Stream"):
-        threaded_alloc_free(rmm.mr.CudaMemoryResource(), 1024, 10, [object()])
-    with pytest.raises(ValueError, match="query must be 'is_capturing' or 'get_id'"):
-        threaded_stream_queries("flush", 10, [])
-    with pytest.raises(ValueError, match="streams must hold at least one stream"):
-        threaded_stream_queries("get_id", 10, [])
+
+def _installed_files() -> set[str]:
+    """The files of the rmm_fences package, relative to it: those the distribution's RECORD
+    lists (what the wheel installed) and those its directory holds now."""
+    pkg = pathlib.Path(rmm_fences.__file__).parent
+    record = importlib.metadata.distribution("rmm-fences-cu13").files or []
+    listed = {
+        f.as_posix().removeprefix("rmm_fences/") for f in record if f.parts[0] == "rmm_fences"
+    }
+    return listed | {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
+
+
+def _module_names(folder: pathlib.Path) -> set[str]:
+    """The module, package and header names of the code under ``folder`` in the checkout (a
+    file's name up to its first dot; a package's folder name for its ``__init__``)."""
+    code = [p for p in folder.rglob("*") if p.name.endswith(CODE)]
+    return {p.parent.name if p.stem == "__init__" else p.name.split(".")[0] for p in code}
 
 
 def test_the_installed_package_holds_no_test_or_benchmark_source():
-    pkg = pathlib.Path(rmm_fences.__file__).parent
-    files = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()}
-    assert not [f for f in files if "_testing" in f or "/testing/" in f or "vmm_child" in f]
-    not_installed = ("bench.hpp", "_replay.hpp", "_replay.pxd", "_torch.hpp")  # build-time only
-    assert not [f for f in files if f.endswith(not_installed)]
+    files = _installed_files()
+    assert "__init__.py" in files and "_lib/memory_resource.pyi" in files  # the listing works
+    assert sorted(f for f in files if NOT_SHIPPED.search(f)) == []
+    # nor any module or header of benchmarks/ or tests/, whatever it is named
+    theirs = _module_names(ROOT / "benchmarks") | _module_names(ROOT / "tests")
+    assert "rmm_fences_bench" in theirs and "rmm_fences_testing" in theirs
+    assert sorted(f for f in files if f.rsplit("/", 1)[-1].split(".")[0] in theirs) == []
     headers = sorted(f for f in files if f.endswith(".hpp"))
     assert headers and all(f.startswith("_lib/include/rmm_fences/") for f in headers)
+
+
+def test_the_wheel_installs_one_package():
+    """rmm_fences alone: the benchmarks (benchmarks/) and the host test harness (tests/native)
+    are built in place for development, never installed."""
+    record = importlib.metadata.distribution("rmm-fences-cu13").files or []
+    tops = {f.parts[0] for f in record if f.parts[0] != ".." and ".dist-info" not in f.parts[0]}
+    assert tops == {"rmm_fences"}
 
 
 def test_the_vmm_child_runs_from_the_tests_directory():

@@ -17,8 +17,7 @@ import pathlib
 
 import pytest
 
-from rmm_fences.bench import read_allocation_log
-
+from rmm_fences_bench import read_allocation_log
 from rmm_fences_testing import HostStreamOrderedPool
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

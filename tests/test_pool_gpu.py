@@ -382,10 +382,10 @@ def test_growth_during_capture_of_a_blocking_stream(cupy, scenarios):
 
 
 def test_native_pairs_freed_on_another_stream_are_cross_stream_reuse(cupy):
-    # rmm_fences.bench.alloc_free_ns(..., free_stream=) (the asv CrossStream benchmark):
+    # rmm_fences_bench.alloc_free_ns(..., free_stream=) (the asv CrossStream benchmark):
     # allocations on s1 reuse blocks freed on s2, through fences and waits. s2 fences its cache
     # only once another stream ran short, so the first shortage costs one growth (never more).
-    from rmm_fences.bench import alloc_free_ns
+    from rmm_fences_bench import alloc_free_ns
 
     pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 26)
     s1, s2 = (rmm.pylibrmm.stream.Stream(cupy.cuda.Stream(non_blocking=True)) for _ in range(2))

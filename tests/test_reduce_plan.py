@@ -372,8 +372,8 @@ def test_device_functions_take_cupy_arrays_through_the_fast_checks(compute, reso
     assert log[2][5:7] == (32, OpKind.MINIMUM) and resource.live == set()
 
 
-def test_the_bench_loop_through_a_plan_needs_a_resource():
-    from rmm_fences.bench import cub_temp_loop
+def test_the_reduce_loop_through_a_plan_needs_a_resource():
+    from rmm_fences._cli.reduce import cub_temp_loop
 
     x, out = device_array(16), device_array(1, ptr=0x900000)
     with pytest.raises(ValueError, match="plan=True needs mr"):

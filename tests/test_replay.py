@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""rmm allocation logs (rmm_fences.bench.read_allocation_log / write_allocation_log / Trace)
-and the replay engine of rmm_fences.bench.replay over a host resource (the host test harness):
+"""rmm allocation logs (rmm_fences_bench.read_allocation_log / write_allocation_log / Trace)
+and the replay engine of rmm_fences_bench.replay over a host resource (the host test harness):
 no GPU needed, except the ``gpu`` tests at the end."""
 
 import collections
@@ -10,7 +10,7 @@ import io
 import numpy as np
 import pytest
 
-from rmm_fences.bench import Trace, read_allocation_log, replay, write_allocation_log
+from rmm_fences_bench import Trace, read_allocation_log, replay, write_allocation_log
 
 # The shape of rmm's log (logging_resource_adaptor_impl.cpp in librmm 26.x): the header as
 # logged with the pattern "%v", then "%t,%H:%M:%S.%f,%v" with "allocate,%p,%zu,%s",
@@ -522,8 +522,9 @@ def test_ordered_must_be_a_bool():
 
 
 def test_with_footprint_puts_statistics_over_the_leaf():
-    from rmm_fences.bench import with_footprint
     from rmm_fences.specs import SpecError, parse_spec
+
+    from rmm_fences_bench import with_footprint
 
     cases = {
         "cuda": "statistics(cuda)",
@@ -554,7 +555,7 @@ def test_with_footprint_puts_statistics_over_the_leaf():
 def test_footprint_layer_is_the_bottom_of_the_chain():
     import rmm
 
-    from rmm_fences.bench import footprint_layer
+    from rmm_fences_bench import footprint_layer
 
     cuda = rmm.mr.CudaMemoryResource()  # none of these constructors calls CUDA
     stats = rmm.mr.StatisticsResourceAdaptor(cuda)
@@ -573,10 +574,10 @@ def test_replay_stats_stub_lists_the_engine_s_fields():
     import ast
     import pathlib
 
-    from rmm_fences._lib import _bench
+    from rmm_fences_bench import _loops
 
     rmm_fences_testing = pytest.importorskip("rmm_fences_testing")
-    stub = ast.parse((pathlib.Path(_bench.__file__).parent / "_bench.pyi").read_text())
+    stub = ast.parse((pathlib.Path(_loops.__file__).parent / "_loops.pyi").read_text())
     (stats,) = [n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "ReplayStats"]
     fields = {n.target.id for n in stats.body if isinstance(n, ast.AnnAssign)}
     # the engine's result struct, as the harness returns it, and what replay() adds

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""rmm_fences.bench.replay's footprint on a real GPU: read at a statistics adaptor over the
+"""rmm_fences_bench.replay's footprint on a real GPU: read at a statistics adaptor over the
 chain's leaf (``with_footprint``), or at a CudaAsync leaf's memory pool, and checked against what
 each pool says it holds and against rmm's own statistics counters."""
 
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import rmm
 
-from rmm_fences.bench import FootprintMeter, Trace, footprint_layer, replay, with_footprint
 from rmm_fences.specs import compose
+
+from rmm_fences_bench import FootprintMeter, Trace, footprint_layer, replay, with_footprint
 
 pytestmark = pytest.mark.gpu
 

@@ -14,8 +14,9 @@ import sys
 import pytest
 from test_replay import RMM_LOG
 
-from rmm_fences.bench import Trace, read_allocation_log, with_footprint, write_allocation_log
 from rmm_fences.specs import parse_spec
+
+from rmm_fences_bench import Trace, read_allocation_log, with_footprint, write_allocation_log
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Native multi-threaded stress (rmm_fences.bench.stress): 8 C++ threads, each on its own
+"""Native multi-threaded stress (rmm_fences_bench.stress): 8 C++ threads, each on its own
 stream, fill every block with a pattern of its own by a kernel and check it by a kernel before
 each free; frees go to the thread's own stream or, after an event wait, to another thread's;
 blocks kept live fill a bounded pool into out-of-memory; a Python thread calls ``release()``
@@ -18,6 +18,8 @@ import textwrap
 
 import pytest
 
+from conftest import BENCHMARKS
+
 SECONDS = float(os.environ.get("RMM_FENCES_STRESS_SECONDS", "5"))
 THREADS = 8
 
@@ -26,7 +28,7 @@ CHILD = textwrap.dedent(
     import json, sys, threading
     import cupy, rmm
     import rmm_fences
-    from rmm_fences.bench import stress
+    from rmm_fences_bench import stress
     from rmm_fences.unsafe import NaiveCachingMemoryResource
 
     chain, seconds, threads = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
@@ -68,11 +70,14 @@ CHILD = textwrap.dedent(
 
 
 def run_stress(chain):
+    # the child imports the benchmarks' library from the checkout, as this process does
+    path = os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")]))
     res = subprocess.run(
         [sys.executable, "-P", "-c", CHILD, chain, str(SECONDS), str(THREADS)],
         capture_output=True,
         text=True,
         timeout=SECONDS * 3 + 240,
+        env=dict(os.environ, PYTHONPATH=path),
     )
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     stats = json.loads(lines[-1]) if lines else None
@@ -124,7 +129,7 @@ def test_control_naive_cache_alone_is_seen_corrupting():
 def test_native_stress_rejects_bad_arguments_naming_them(kwargs, match):
     import rmm
 
-    from rmm_fences._lib._bench import stress
+    from rmm_fences_bench._loops import stress
 
     args = {"streams": [None], "seconds": 1.0, "fill_kernel": 1, "check_kernel": 1, "errors": 1}
     args.update(kwargs)
@@ -143,7 +148,7 @@ def test_native_stress_rejects_bad_arguments_naming_them(kwargs, match):
 def test_public_stress_rejects_bad_streams_naming_them(streams, error, match):
     import rmm
 
-    from rmm_fences.bench import stress
+    from rmm_fences_bench import stress
 
     with pytest.raises(error, match=match):
         stress(rmm.mr.CudaMemoryResource(), streams, 1.0)

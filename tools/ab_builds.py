@@ -14,7 +14,9 @@ recorded allocation log replayed through rmm_fences' pool (asv's ``Replay``, one
 three repetitions per measurement; the chains of one log are made, measured and dropped before
 the next, so that one process never holds every log's pool). Each log is replayed twice: as
 asv does (each call makes the log's streams anew, so the pool sees new streams every call)
-and with streams made once and kept, as in the program the log was recorded from.
+and with streams made once and kept, as in the program the log was recorded from. The timing
+loops and the replay engine are the checkout's (benchmarks/, built in place by ``make install``),
+one build of them for both sites: only the resources differ.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAIRS = ["pool(cuda_async)", "tracking(pool(cuda_async), on_hazard=record)", "rmm_pool(cuda_async)"]
 WORKER = r"""
 import gc, json, sys
-sys.path.insert(0, "asv_bench")
+sys.path[:0] = ["benchmarks", "asv_bench"]  # rmm_fences_bench; asv's suite
 import rmm
 from rmm_fences import compose  # the function, in every build
-from rmm_fences.bench import alloc_free_ns, replay
+from rmm_fences_bench import alloc_free_ns, replay
 from benchmarks import replay as R
 stream = rmm.pylibrmm.stream.Stream()
 mrs, reps = {}, {}

@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "asv_bench"))
 
@@ -35,17 +34,6 @@ DEFAULT_CHAINS = [
     "tracking_pool",
 ]
 SIZES = [256, 1 << 20, 64 << 20]
-
-
-def python_pair_us(mr, nbytes, stream, pairs=1000, rounds=5):
-    mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
-    best = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(pairs):
-            mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
-        best.append((time.perf_counter() - t0) / pairs * 1e6)
-    return statistics.median(best)
 
 
 COMPARED = [
@@ -94,7 +82,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     import rmm_fences
-    from rmm_fences.bench import alloc_free_ns, threaded_alloc_free
+
+    from rmm_fences_bench import alloc_free_ns, python_pair_us, threaded_alloc_free
 
     out = {"label": args.label, "rmm_fences": rmm_fences.__file__, "results": {}}
     for chain in args.chains:

@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run asv benchmark bodies once, without asv, as JSON lines; render them as markdown tables.
 
-On a GPU host (one device call, where asv's process per benchmark costs too much):
+On a GPU host (one device call, where asv's process per benchmark costs too much), the
+bodies of asv_bench/benchmarks/:
 
-    python tools/asv_bodies.py run replay  > replay.jsonl   # benchmarks/replay.py
-    python tools/asv_bodies.py run streams > streams.jsonl  # benchmarks/streams.py
+    python tools/asv_bodies.py run replay  > replay.jsonl   # asv's replay.py
+    python tools/asv_bodies.py run streams > streams.jsonl  # asv's streams.py
     python tools/asv_bodies.py table replay  docs/data/replay/<file>.jsonl
     python tools/asv_bodies.py table replay  <file>.jsonl --png docs/img/replay_h200.png  # + chart
     python tools/asv_bodies.py table streams docs/data/bench/<file>.jsonl
-    python tools/asv_bodies.py run dataframes > dataframes.jsonl   # benchmarks/dataframes.py
+    python tools/asv_bodies.py run dataframes > dataframes.jsonl   # asv's dataframes.py
     python tools/asv_bodies.py table dataframes <file>.jsonl
 
 ``run replay`` follows ``Replay``: one ordered replay of a fresh chain for the footprint, then

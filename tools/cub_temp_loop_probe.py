@@ -14,7 +14,7 @@ import time
 
 import cupy
 
-from rmm_fences.bench import cub_temp_loop, cub_temp_loop_us
+from rmm_fences._cli.reduce import cub_temp_loop, cub_temp_loop_us  # rmm-fences reduce's loop
 from rmm_fences.specs import compose
 
 CHAINS = {

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Run on the GPU host (device tool), from the repository root, with .whl, .dist and the host
-# test harness built here by `make install` carried
-# (carry: .whl, .dist, tests/native/rmm_fences_testing.abi3.so):
+# Run on the GPU host (device tool), from the repository root, with .whl, .dist, the host test
+# harness and the benchmarks' native loops built here by `make install` carried (carry: .whl,
+# .dist, tests/native/rmm_fences_testing.abi3.so, benchmarks/rmm_fences_bench/_loops.abi3.so):
 #   bash tools/gpu_host.sh [pytest args...]
 # Installs the pinned wheels and the rmm_fences wheel built on the CPU machine, runs the whole
-# test suite (GPU tests included) and `rmm-fences bench`; logs go to $OUT when it is set.
-# Switches (environment): SKIP_BENCH (no `rmm-fences bench`), DOCTOR (doctor --quick with JSON
-# and PNG), ASV=<commit hash> (the asv
-# suite; results copied to $OUT/asv-results for `asv publish` where the git repo is),
+# test suite (GPU tests included) and benchmarks/alloc_free_pairs.py; logs go to $OUT when it is
+# set. Switches (environment): SKIP_BENCH (no alloc_free_pairs.py), DOCTOR (doctor --quick with
+# JSON and PNG), ASV=<commit hash> (the asv suite; results copied to $OUT/asv-results for
+# `asv publish` where the git repo is),
 # TEST_DEADLINE=<seconds> (default 420: a test run still going then gets its native stacks
 # dumped with cuda-gdb into $OUT/hang_bt.txt and is killed; faulthandler prints the Python
 # stacks of a test that runs over 120 s). Failures are printed as they happen (instafail).
@@ -48,7 +48,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   rc=$?
   grep -v "^$" "$out/pytest.log" | tail -60
 fi
-[ -z "${SKIP_BENCH:-}" ] && python3 -m rmm_fences bench 2>&1 | tee "$out/bench.log"
+[ -z "${SKIP_BENCH:-}" ] && python3 benchmarks/alloc_free_pairs.py 2>&1 | tee "$out/bench.log"
 if [ -n "${DOCTOR:-}" ]; then
   python3 -m rmm_fences doctor --quick --json "$out/doctor.json" --plot "$out/doctor.png" 2>&1 \
     | tee "$out/doctor.log"

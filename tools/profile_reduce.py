@@ -21,7 +21,7 @@ import numpy as np
 import rmm
 
 from rmm_fences import StreamOrderedPoolMemoryResource
-from rmm_fences.bench import cub_temp_loop, event_time_us
+from rmm_fences._cli.reduce import cub_temp_loop, event_time_us  # rmm-fences reduce's loop
 from rmm_fences.reduce import ReducePlan, device_sum
 
 

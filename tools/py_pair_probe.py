@@ -2,14 +2,19 @@
 """Why is an allocate+deallocate pair from Python slow for some chains? Median ns per pair of a
 plain Python loop, on a created stream and on the default stream, per chain."""
 
+import pathlib
 import statistics
+import sys
 import time
 
 import cupy
 import rmm
 
-from rmm_fences.bench import alloc_free_ns
 from rmm_fences.specs import compose
+
+# the benchmarks' library (never installed; `make install` builds its native loops in place)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+from rmm_fences_bench import alloc_free_ns  # noqa: E402
 
 CHAINS = [
     "pool(cuda, initial_pool_size=1GiB)",

@@ -14,7 +14,7 @@ the workload goes through the log. The Dask workload on a dask-cuda cluster inst
 its worker. The log as rmm wrote it, cut after its first ``--max-events`` events, is written
 gzip-compressed to ``--out`` (default asv_bench/traces/) as ``<workload>.csv.gz``, with
 ``<workload>.json`` (what was recorded, where, whether the log was cut, ``Trace.stats()``), and
-read back with ``rmm_fences.bench.read_allocation_log``, which must accept it.
+read back with ``rmm_fences_bench.read_allocation_log``, which must accept it.
 
 Workloads (``--list``): the CUB temp-storage loop (``rmm_fences.reduce.device_sum``) on 1M and
 256M float32 elements, the 4 GiB Dask reduction of tests/test_dask_gpu.py (on a dask-cuda
@@ -42,6 +42,9 @@ HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 
 sys.path.insert(0, str(ROOT / "asv_bench" / "benchmarks"))
 import _torch_workloads as workloads  # noqa: E402 (stdlib only at import; torch loads lazily)
+
+# the benchmarks' library, for the log reader (never installed: benchmarks/, built in place)
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _check_close(got: float, ref: float, what: str) -> None:
@@ -288,7 +291,7 @@ def cut_and_compress(src: str, dst: pathlib.Path, max_events: int) -> dict:
 
 
 def record(name: str, out_dir: pathlib.Path, upstream: str, max_events: int, timeout: float):
-    from rmm_fences.bench import read_allocation_log
+    from rmm_fences_bench import read_allocation_log
 
     with tempfile.TemporaryDirectory() as tmp:
         log_path = os.path.join(tmp, f"{name}.csv")

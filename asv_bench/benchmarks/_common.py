@@ -1,5 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared pieces of the asv suite: the GPU gate, the chains (as rmm_fences specs), streams."""
+"""Shared pieces of the asv suite: the GPU gate, the chains (as rmm_fences specs), streams;
+and the benchmarks' library on ``sys.path``."""
+
+import pathlib
+import sys
+
+#: The benchmarks' library, ``rmm_fences_bench`` (timing loops, log replay and reader): in the
+#: repository's benchmarks/, its native loops built in place by ``make install``; it is no part
+#: of the installed package.
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import rmm_fences_bench  # noqa: E402, F401  (not built: `asv check` fails here, at import)
 
 # Peers and rmm_fences' resources, as parameters of the same benchmarks. Not the chains of
 # `rmm-fences doctor` (src/rmm_fences/_cli/doctor.py CHAINS, a safety matrix with unsafe chains

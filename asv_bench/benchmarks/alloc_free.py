@@ -26,7 +26,7 @@ class AllocFree:
             mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
 
     def track_native_pair_ns(self, chain, nbytes):
-        from rmm_fences.bench import alloc_free_ns
+        from rmm_fences_bench import alloc_free_ns
 
         return alloc_free_ns(self.mr, nbytes, 20000, self.stream)
 
@@ -49,7 +49,7 @@ class DeferredFence:
     def track_cost_per_free_ns(self, upstream):
         import statistics
 
-        from rmm_fences.bench import alloc_free_ns
+        from rmm_fences_bench import alloc_free_ns
 
         over = [
             alloc_free_ns(self.adaptor, 1 << 20, 20000)
@@ -85,8 +85,9 @@ class TrackingOverhead:
     def setup(self, upstream):
         require_gpu()
         from rmm_fences import HazardTrackingResourceAdaptor
-        from rmm_fences.bench import alloc_free_ns
         from rmm_fences.specs import compose
+
+        from rmm_fences_bench import alloc_free_ns
 
         self.bare = compose(UPSTREAMS[upstream])
         self.tracked = HazardTrackingResourceAdaptor(self.bare, on_hazard="record")
@@ -105,7 +106,7 @@ class TrackingOverhead:
     def track_native_ratio(self, upstream):
         import statistics
 
-        from rmm_fences.bench import alloc_free_ns
+        from rmm_fences_bench import alloc_free_ns
 
         return statistics.median(
             alloc_free_ns(self.tracked, 1 << 20, 20000, self.stream)
@@ -128,7 +129,7 @@ class TrackingOverhead:
 class FenceCalls:
     """Host ns per call of each CUDA call a deferred free makes, on an idle stream, through the
     runtime and through the driver entry points the resources call
-    (rmm_fences.bench.fence_call_ns)."""
+    (rmm_fences_bench.fence_call_ns)."""
 
     params = [
         [
@@ -147,7 +148,7 @@ class FenceCalls:
         require_gpu()
 
     def track_call_ns(self, call):
-        from rmm_fences.bench import fence_call_ns
+        from rmm_fences_bench import fence_call_ns
 
         return fence_call_ns()[call]
 

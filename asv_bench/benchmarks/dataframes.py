@@ -2,7 +2,7 @@
 """RAPIDS dataframes per chain: a cuDF pipeline at 10M and 100M rows, and the 22 PDS-H queries
 (TPC-H derived, cudf-polars' own definitions) on the Polars GPU engine. Wall time of one run of
 the pipeline or query after a warm-up run, and the peak device memory the chain held for it
-(``rmm_fences.bench.FootprintMeter``: the CudaAsync leaf's memory pool, or a statistics adaptor
+(``rmm_fences_bench.FootprintMeter``: the CudaAsync leaf's memory pool, or a statistics adaptor
 over the leaf), each chain against CudaAsync (cuDF's default) and rmm's pool.
 
 The chain is rmm's current device resource while cuDF runs, and the Polars engine's
@@ -24,7 +24,7 @@ import types
 
 from ._common import require_gpu
 
-#: The chains, as specs before ``rmm_fences.bench.with_footprint`` puts the statistics adaptor
+#: The chains, as specs before ``rmm_fences_bench.with_footprint`` puts the statistics adaptor
 #: over their leaf; the pools start empty, so that their peak is what the work made them take.
 SPECS = {
     "cuda_async": "cuda_async",
@@ -59,8 +59,9 @@ def _rapids(*names):
 
 
 def _chain(name):
-    from rmm_fences.bench import FootprintMeter, with_footprint
     from rmm_fences.specs import compose
+
+    from rmm_fences_bench import FootprintMeter, with_footprint
 
     mr = compose(with_footprint(SPECS[name]))
     return mr, FootprintMeter(mr)

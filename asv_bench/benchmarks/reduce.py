@@ -24,7 +24,7 @@ class CubTempStorageLoop:
         require_gpu()
         import cupy
 
-        from rmm_fences.bench import cub_temp_loop
+        from rmm_fences_bench import cub_temp_loop
 
         self.cupy = cupy
         self.mr = None if chain == "preallocated" else make(chain)
@@ -43,7 +43,7 @@ class CubTempStorageLoop:
         self.stream.synchronize()
 
     def track_bandwidth_gbs(self, chain, n):
-        from rmm_fences.bench import cub_temp_loop_us
+        from rmm_fences_bench import cub_temp_loop_us
 
         us = cub_temp_loop_us(self.x, self.out, self.mr, self.stream, 50, 3, plan=self.plan)
         return self.x.nbytes / (us * 1e-6) / 1e9
@@ -63,7 +63,7 @@ class CubTempStoragePlanLoop(CubTempStorageLoop):
     plan = True
 
     def track_ratio_to_preallocated(self, chain, n):
-        from rmm_fences.bench import cub_temp_loop_us
+        from rmm_fences_bench import cub_temp_loop_us
 
         args = (self.x, self.out)
         ratios = []
@@ -100,7 +100,7 @@ class CopyBandwidth:
     def track_copy_gbs(self, nbytes):
         import cupy
 
-        from rmm_fences.bench import event_time_us
+        from rmm_fences_bench import event_time_us
 
         rt, a, b, stream = cupy.cuda.runtime, self.a, self.b, self.stream
 

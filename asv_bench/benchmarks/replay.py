@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Recorded allocation logs (asv_bench/traces/*.csv.gz, recorded on a GPU host by
-tools/record_traces.py) replayed through each chain by ``rmm_fences.bench.replay`` (one native
+tools/record_traces.py) replayed through each chain by ``rmm_fences_bench.replay`` (one native
 thread per recorded thread, no GIL, no memory touched): allocations + frees per second
 (free-running replays), the footprint (the most bytes the chain held from the device: a
 statistics adaptor over the chain's leaf, or a CudaAsync leaf's memory pool) and the
@@ -23,7 +23,7 @@ def trace_names(directory=TRACES_DIR):
     return names or [NO_TRACE]
 
 
-#: The chains, as specs before ``rmm_fences.bench.with_footprint`` puts the statistics adaptor
+#: The chains, as specs before ``rmm_fences_bench.with_footprint`` puts the statistics adaptor
 #: over their leaf. Not _common.CHAINS: the pools start empty here (no initial size), so that
 #: their footprint is what the trace made them take, not a size chosen in advance.
 SPECS = {
@@ -50,8 +50,9 @@ def arena_size(trace):
 
 def make_chain(chain, trace):
     """The chain ``chain`` for replaying ``trace``, with a layer that measures its footprint."""
-    from rmm_fences.bench import with_footprint
     from rmm_fences import compose
+
+    from rmm_fences_bench import with_footprint
 
     if chain == "binning":
         import rmm
@@ -65,7 +66,7 @@ _loaded = {}
 
 
 def load_trace(name):
-    from rmm_fences.bench import read_allocation_log
+    from rmm_fences_bench import read_allocation_log
 
     if name not in _loaded:
         _loaded[name] = read_allocation_log(TRACES_DIR / f"{name}.csv.gz")
@@ -90,7 +91,7 @@ class Replay:
                 f"no allocation log in {TRACES_DIR}: record them on a GPU host with "
                 "tools/record_traces.py"
             )
-        from rmm_fences.bench import replay
+        from rmm_fences_bench import replay
 
         self.trace = load_trace(trace)
         self.mr = make_chain(chain, self.trace)
@@ -102,7 +103,7 @@ class Replay:
         self.mr = None
 
     def track_allocations_per_s(self, trace, chain):
-        from rmm_fences.bench import replay
+        from rmm_fences_bench import replay
 
         return replay(self.mr, self.trace, repeat=self.repeat_replays)["allocations_per_s"]
 

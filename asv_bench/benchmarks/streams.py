@@ -12,7 +12,7 @@ _TASKS = 2000
 
 class CrossStream:
     """Native allocate on one stream + free on another: the allocations reuse blocks freed
-    on the other stream (``rmm_fences.bench.alloc_free_ns`` with ``free_stream``)."""
+    on the other stream (``rmm_fences_bench.alloc_free_ns`` with ``free_stream``)."""
 
     params = [_POOLS, [1 << 20, 64 << 20]]
     param_names = ["chain", "nbytes"]
@@ -23,7 +23,7 @@ class CrossStream:
         _, self.streams = streams(2)
 
     def track_pair_ns(self, chain, nbytes):
-        from rmm_fences.bench import alloc_free_ns
+        from rmm_fences_bench import alloc_free_ns
 
         return alloc_free_ns(self.mr, nbytes, 20000, self.streams[0], free_stream=self.streams[1])
 
@@ -31,7 +31,7 @@ class CrossStream:
 
     def track_same_stream_pair_ns(self, chain, nbytes):
         """The same pairs on one stream, for the ratio."""
-        from rmm_fences.bench import alloc_free_ns
+        from rmm_fences_bench import alloc_free_ns
 
         return alloc_free_ns(self.mr, nbytes, 20000, self.streams[0])
 

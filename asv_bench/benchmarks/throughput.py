@@ -17,7 +17,7 @@ class RandomAllocations:
         _, (self.stream,) = streams()
 
     def track_ops_per_s(self, chain):
-        from rmm_fences.bench import random_allocations
+        from rmm_fences_bench import random_allocations
 
         return random_allocations(
             self.mr, 100000, random_state=42, max_live_bytes="4GiB", stream=self.stream
@@ -37,7 +37,7 @@ class Threads:
         self.cupy_streams, _ = streams(threads)
 
     def track_pairs_per_s(self, chain, threads):
-        from rmm_fences.bench import threaded_alloc_free
+        from rmm_fences_bench import threaded_alloc_free
 
         return threaded_alloc_free(self.mr, 1 << 20, 20000, self.cupy_streams)
 
@@ -62,7 +62,7 @@ class PerThreadDefaultStream:
         self.ptds = cupy.cuda.Stream.ptds
 
     def track_native_pair_ns(self, chain):
-        from rmm_fences.bench import alloc_free_ns
+        from rmm_fences_bench import alloc_free_ns
 
         return alloc_free_ns(self.mr, 1 << 20, 20000, self.ptds)
 
@@ -85,7 +85,7 @@ class ThreadsPerThreadStream:
         self.ptds = cupy.cuda.Stream.ptds
 
     def track_pairs_per_s(self, chain, threads):
-        from rmm_fences.bench import threaded_alloc_free
+        from rmm_fences_bench import threaded_alloc_free
 
         return threaded_alloc_free(self.mr, 1 << 20, 20000, [self.ptds] * threads)
 
@@ -104,7 +104,7 @@ class DriverQueries:
         self.cupy_streams, _ = streams(threads)
 
     def track_calls_per_s(self, query, threads):
-        from rmm_fences.bench import threaded_stream_queries
+        from rmm_fences_bench import threaded_stream_queries
 
         return threaded_stream_queries(query, 200000, self.cupy_streams)
 

@@ -36,7 +36,7 @@ from rmm_fences._lib._cores cimport (
     sync_on_free_stats,
     torch_allocator_stats,
 )
-from rmm_fences._lib._replay cimport replay_result
+from rmm_fences_bench._replay cimport replay_result
 
 
 cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fences::testing":
@@ -1320,8 +1320,8 @@ def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
                 size_t slow_size=0, uint64_t slow_us=0, *, size_t pool_chunk_bytes=0,
                 size_t pool_initial_bytes=0, bint measure_footprint=False,
                 size_t spike_bytes=0, ordered=False) -> dict:
-    """Replays ``trace`` (an ``rmm_fences.bench.Trace``) with the engine of
-    ``rmm_fences.bench.replay`` (one real thread per recorded thread) on a malloc-backed host
+    """Replays ``trace`` (an ``rmm_fences_bench.Trace``) with the engine of
+    ``rmm_fences_bench.replay`` (one real thread per recorded thread) on a malloc-backed host
     resource that records its calls and counts the bytes it holds. ``streams``: the handle of
     each recorded stream (default: 100 + index). Allocations of ``fail_size`` bytes throw;
     allocations of ``slow_size`` bytes sleep ``slow_us`` first.
@@ -1332,7 +1332,7 @@ def host_replay(trace, streams=None, uint64_t repeat=1, size_t fail_size=0,
     the replay's footprint meter counts the bytes the recording resource holds.
     ``spike_bytes``: allocated and freed on the recording resource before the replay (and
     before the pool's initial chunk), a peak the footprint must leave out. ``ordered``: every
-    event in the trace's recorded order, as ``rmm_fences.bench.replay(..., ordered=True)``.
+    event in the trace's recorded order, as ``rmm_fences_bench.replay(..., ordered=True)``.
 
     Returns the engine's counters and ``calls``: ``(seq, "allocate" | "free", ptr, size,
     stream)`` in call order (with a pool: its chunks); ``thread_starts``: how often the

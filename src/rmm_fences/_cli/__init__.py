@@ -1,24 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``rmm-fences`` command line (also ``python -m rmm_fences``): ``doctor``, ``reduce``,
-``bench``. Each subcommand module holds HELP, add_arguments(parser) and run(args); the
-modules import CuPy and rmm only when they run."""
+"""The ``rmm-fences`` command line (also ``python -m rmm_fences``): ``doctor`` and ``reduce``.
+Each subcommand module holds HELP, add_arguments(parser) and run(args); the modules import
+CuPy and rmm only when they run."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from rmm_fences._cli import bench, doctor, reduce
+from rmm_fences._cli import doctor, reduce
 
 #: name -> (help, add_arguments(parser), run(args) -> exit code)
 COMMANDS = {
     "doctor": (doctor.HELP, doctor.add_arguments, doctor.run),
     "reduce": (reduce.HELP, reduce.add_arguments, reduce.run),
-    "bench": (bench.HELP, bench.add_arguments, bench.run),
 }
 DESCRIPTIONS = {
-    name: module.DESCRIPTION
-    for name, module in (("doctor", doctor), ("reduce", reduce), ("bench", bench))
+    name: module.DESCRIPTION for name, module in (("doctor", doctor), ("reduce", reduce))
 }
 #: name -> preflight(args): a problem found before the run starts (bad paths, a missing extra)
 PREFLIGHTS = {"doctor": doctor.preflight}

@@ -36,19 +36,6 @@ def count(text: str) -> int:
     return value
 
 
-def size(text: str) -> int:
-    """A positive number of bytes ("1MiB", "4096", "2GB")."""
-    from rmm_fences._sizes import parse_bytes
-
-    try:
-        value = parse_bytes(text, "size")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size in bytes, got {text!r}")
-    return value
-
-
 def writable_path(path: str, what: str) -> str | None:
     """Why ``path`` cannot be written (its folder missing or not writable, or a folder itself),
     or None."""

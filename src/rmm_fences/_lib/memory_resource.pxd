@@ -141,5 +141,6 @@ cdef extern from *:
         unmapping_vmm_memory_resource&) except +
 
 
-# The stream argument of the native calls (None: the default stream), shared with _bench.
+# The stream argument of the native calls (None: the default stream), shared with the benchmarks'
+# native loops (benchmarks/rmm_fences_bench/_loops.pyx).
 cdef Stream as_stream(object stream)

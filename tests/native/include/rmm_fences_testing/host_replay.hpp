@@ -1,16 +1,16 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * The replay engine of rmm_fences.bench.replay (src/rmm_fences/_lib/_replay.hpp) over a host
- * resource (CPU tests only): malloc-backed, every call recorded in one global order, the bytes
- * it holds counted (current and peak), with an injectable failure (allocations of one size
+ * The replay engine of rmm_fences_bench.replay (benchmarks/rmm_fences_bench/_replay.hpp) over a
+ * host resource (CPU tests only): malloc-backed, every call recorded in one global order, the
+ * bytes it holds counted (current and peak), with an injectable failure (allocations of one size
  * throw) and an injectable delay (allocations of one size sleep first, so that a free on
  * another thread has to wait for them). Optionally a host pool that grows in chunks sits over
  * it, and the replay's footprint meter counts what the pool drew from it.
  */
 #pragma once
 
-#include <_replay.hpp>
+#include <rmm_fences_bench/_replay.hpp>
 
 #include <algorithm>
 #include <atomic>

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # cython: language_level=3
-"""Benchmark and stress loops over any rmm resource, timed in C++ without the GIL (_bench.hpp).
+"""Benchmark and stress loops over any rmm resource, timed in C++ without the GIL (_loops.hpp).
 
-The native half of :mod:`rmm_fences.bench`, kept out of the resources module.
+The native half of :mod:`rmm_fences_bench`: built in place from benchmarks/ (CMake option
+RMM_FENCES_BUILD_BENCHMARKS), never installed.
 """
 
 from libc.stddef cimport size_t
@@ -24,7 +25,7 @@ from rmm.pylibrmm.memory_resource._memory_resource cimport (
 )
 from rmm.pylibrmm.stream cimport Stream
 
-from rmm_fences._lib._replay cimport c_make_trace, replay_result, replay_trace_t
+from rmm_fences_bench._replay cimport c_make_trace, replay_result, replay_trace_t
 from rmm_fences._lib.memory_resource cimport as_stream
 
 from rmm_fences._sizes import parse_bytes
@@ -40,7 +41,7 @@ cdef extern from "rmm/mr/cuda_async_memory_resource.hpp" nogil:
         cudaMemPool_t pool_handle() noexcept
 
 
-cdef extern from "_bench.hpp" namespace "rmm_fences::bench" nogil:
+cdef extern from "rmm_fences_bench/_loops.hpp" namespace "rmm_fences::bench" nogil:
     double c_alloc_free_ns "rmm_fences::bench::alloc_free_ns"(
         device_async_resource_ref mr,
         size_t nbytes,
@@ -289,7 +290,7 @@ def footprint_layer(mr) -> tuple:
       or ``CudaAsyncViewMemoryResource``: the bytes its CUDA memory pool reserves;
     - ``("statistics", r)``: the chain ends in ``r``, an ``rmm.mr.StatisticsResourceAdaptor``,
       over one resource that takes no upstream (``cuda``, ``managed``, ...): the bytes it holds
-      from that resource (``rmm_fences.bench.with_footprint`` puts it there in a spec);
+      from that resource (``rmm_fences_bench.with_footprint`` puts it there in a spec);
     - ``("none", None)``: neither; the footprint is not measured. A statistics adaptor higher
       up counts what the layers under it were asked for, not what they took from the device.
     """
@@ -311,7 +312,7 @@ def footprint_layer(mr) -> tuple:
 
 def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t repeat=1,
            ordered=False) -> dict:
-    """Replays an allocation log (a ``Trace``, see ``rmm_fences.bench.read_allocation_log``)
+    """Replays an allocation log (a ``Trace``, see ``rmm_fences_bench.read_allocation_log``)
     on ``mr``, timed in C++ without the GIL.
 
     One C++ thread per recorded thread replays its events in recorded order, all started
@@ -326,7 +327,7 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
     The footprint: the most bytes the chain held from the device at once during the replay (all
     repetitions, what it held before included), read at the layer :func:`footprint_layer`
     finds at the bottom of ``mr``'s chain (build the chain from
-    ``rmm_fences.bench.with_footprint(spec)`` to have one), against the trace's own peak of live
+    ``rmm_fences_bench.with_footprint(spec)`` to have one), against the trace's own peak of live
     bytes.
 
     Parameters

@@ -3,7 +3,7 @@ from typing import Any, Literal, TypedDict
 
 from rmm.pylibrmm.memory_resource import DeviceMemoryResource
 
-from rmm_fences._alloc_log import Trace
+from rmm_fences_bench.alloc_log import Trace
 
 class FootprintMeter:
     source: str

@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # cython: language_level=3
-# The replay engine of rmm_fences.bench.replay (_replay.hpp, no CUDA): cimported by _bench.pyx
+# The replay engine of rmm_fences_bench.replay (_replay.hpp, no CUDA): cimported by _loops.pyx
 # and by the host test harness (tests/native), which runs it over a host resource.
 
 from libc.stddef cimport size_t
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
 
-cdef extern from "_replay.hpp" namespace "rmm_fences::bench::replay" nogil:
+cdef extern from "rmm_fences_bench/_replay.hpp" namespace "rmm_fences::bench::replay" nogil:
     cdef cppclass replay_trace_t "rmm_fences::bench::replay::trace":
         pass
 

@@ -3,10 +3,10 @@
  */
 #pragma once
 
-// The replay engine of rmm_fences.bench.replay (rmm allocation logs replayed by one thread per
-// recorded thread): not a public header, and not installed with the package. It knows no CUDA:
-// it is templated on a resource and a stream type, so that the host test harness
-// (tests/native) runs it over a host resource; _bench.hpp runs it over an rmm resource.
+// The replay engine of rmm_fences_bench.replay (rmm allocation logs replayed by one thread per
+// recorded thread): benchmark code, never installed with the package. It knows no CUDA: it is
+// templated on a resource and a stream type, so that the host test harness (tests/native) runs
+// it over a host resource; _loops.hpp runs it over an rmm resource.
 
 #include <algorithm>
 #include <atomic>

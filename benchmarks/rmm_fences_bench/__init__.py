@@ -1,5 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Timing and stress helpers for any rmm ``DeviceMemoryResource``."""
+"""Timing and stress helpers for any rmm ``DeviceMemoryResource``: the benchmarks' library.
+
+Never installed: ``make install`` builds its native loops (``_loops``, CMake option
+RMM_FENCES_BUILD_BENCHMARKS) in place, beside these sources; the asv suite, tools/ and the
+tests put benchmarks/ on ``sys.path`` to import it. The CUB temp-storage loop is the one
+``rmm-fences reduce`` times (:mod:`rmm_fences._cli.reduce`), re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,9 @@ from typing import Any
 
 import rmm  # noqa: F401
 
-from rmm_fences._alloc_log import Trace, read_allocation_log, write_allocation_log
-from rmm_fences._lib._bench import (
+from rmm_fences._cli.reduce import cub_temp_loop, cub_temp_loop_us, event_time_us
+
+from rmm_fences_bench._loops import (
     FootprintMeter,
     alloc_free_ns,
     fence_call_ns,
@@ -20,7 +27,8 @@ from rmm_fences._lib._bench import (
     threaded_alloc_free,
     threaded_stream_queries,
 )
-from rmm_fences._lib._bench import stress as _native_stress
+from rmm_fences_bench._loops import stress as _native_stress
+from rmm_fences_bench.alloc_log import Trace, read_allocation_log, write_allocation_log
 
 __all__ = [
     "STRESS_KERNELS",
@@ -32,6 +40,7 @@ __all__ = [
     "event_time_us",
     "fence_call_ns",
     "footprint_layer",
+    "python_pair_us",
     "random_allocations",
     "read_allocation_log",
     "replay",
@@ -80,6 +89,23 @@ extern "C" __global__ void stress_check(const unsigned int* a, unsigned long lon
     if (bad) { atomicAdd(errors, bad); }
 }
 """
+
+
+def python_pair_us(mr, nbytes: int, stream, pairs: int = 1000, rounds: int = 5) -> float:
+    """Microseconds of one ``mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)``
+    called from Python: the median over ``rounds`` of the mean of ``pairs`` pairs, after one
+    untimed pair (the host cost from Python, beside :func:`alloc_free_ns`'s native loop)."""
+    import statistics
+    import time
+
+    mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
+    means = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(pairs):
+            mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
+        means.append((time.perf_counter() - start) / pairs * 1e6)
+    return statistics.median(means)
 
 
 def with_footprint(spec) -> str:
@@ -142,7 +168,7 @@ def stress(
         A number of new non-blocking CuPy streams to create, or the streams themselves (rmm,
         CuPy, cuda.core or ``__cuda_stream__``); one thread each.
     seconds, max_bytes, max_live, random_state, check_delay_ns
-        As in ``rmm_fences._lib._bench.stress`` (``random_state`` starts the random generator
+        As in ``rmm_fences_bench._loops.stress`` (``random_state`` starts the random generator
         of the sizes, choices and patterns).
 
     Returns the native counters (``iterations``, ``allocations``, ``bytes``,
@@ -177,88 +203,3 @@ def stress(
     )
     stats["errors"] = int(errors.get()[0])
     return stats
-
-
-def cub_temp_loop(x, out, mr=None, stream=None, *, plan: bool = False):
-    """One call of the CUB temp-storage loop on ``stream`` (a CuPy stream), as a function of
-    no argument: ``rmm_fences.reduce.device_sum(x, out, mr=mr, stream=stream)``, which
-    allocates CUB's temp storage from ``mr``, reduces and frees it without a sync.
-
-    ``plan=True``: the same loop through a :class:`rmm_fences.reduce.ReducePlan` made once
-    (sum, zero of ``out``'s dtype), called as ``plan(x, out)``.
-
-    ``mr=None``: the floor, cuda.compute's reducer called directly on a temp buffer allocated
-    once (no wrapper, no allocation); the buffer lives as long as the function.
-    """
-    import cupy
-    import numpy as np
-
-    from rmm_fences import reduce as rf
-    from rmm_fences._streams import StreamHandle
-
-    stream = stream or cupy.cuda.get_current_stream()
-    if plan:
-        if mr is None:
-            raise ValueError("plan=True needs mr (mr=None is the preallocated floor)")
-        made = rf.ReducePlan(x, out, "sum", np.zeros(1, dtype=out.dtype), mr=mr, stream=stream)
-        return functools.partial(made, x, out)
-    if mr is not None:
-        return lambda: rf.device_sum(x, out, mr=mr, stream=stream)
-    n = x.size
-    init = np.zeros(1, dtype=out.dtype)
-    reducer, op = rf._reducer(x, out, "sum", init, x.dtype, out.dtype)
-    reducer = reducer.fn  # the floor calls cuda.compute directly
-    cc_stream = StreamHandle(stream.ptr)
-    nbytes = reducer(
-        temp_storage=None, d_in=x, d_out=out, num_items=n, op=op, h_init=init, stream=cc_stream
-    )
-    pre = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
-    tmp = rf.TempStorage(pre.data.ptr, max(nbytes, 1))
-
-    def fn():
-        reducer(
-            temp_storage=tmp, d_in=x, d_out=out, num_items=n, op=op, h_init=init, stream=cc_stream
-        )
-
-    fn.buffer = pre  # the preallocated temp lives as long as the function
-    return fn
-
-
-def event_time_us(fn, stream, iterations: int, rounds: int = 5) -> float:
-    """Microseconds per call of ``fn()``: CUDA events on ``stream`` (a CuPy stream) around
-    ``iterations`` back-to-back calls, median of ``rounds`` (a host-bound loop shows as
-    such)."""
-    import statistics
-
-    import cupy
-
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(rounds):
-        start.record(stream)
-        for _ in range(iterations):
-            fn()
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / iterations)
-    return statistics.median(times)
-
-
-def cub_temp_loop_us(
-    x, out, mr=None, stream=None, iterations: int = 1000, rounds: int = 5, *, plan: bool = False
-) -> float:
-    """Microseconds per call of :func:`cub_temp_loop` (:func:`event_time_us`, after a warm-up
-    call), the sum in ``out[0]`` checked against a float64 sum of ``x`` (AssertionError
-    otherwise)."""
-    import cupy
-    import numpy as np
-
-    stream = stream or cupy.cuda.get_current_stream()
-    fn = cub_temp_loop(x, out, mr, stream, plan=plan)
-    fn()  # warm up (and JIT)
-    stream.synchronize()
-    us = event_time_us(fn, stream, iterations, rounds)
-    got, ref = float(out.get()[0]), float(x.astype(cupy.float64).sum().get())
-    if not np.isclose(got, ref, rtol=1e-3, atol=1e-2):
-        raise AssertionError(f"CUB temp-storage loop over {mr!r}: wrong sum {got} vs {ref}")
-    return us

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """rmm allocation logs (the CSV of ``rmm.mr.LoggingResourceAdaptor``) read into a
-:class:`Trace`, and written back in the same format (re-exported by :mod:`rmm_fences.bench`).
+:class:`Trace`, and written back in the same format (re-exported by :mod:`rmm_fences_bench`).
 
 The format, as librmm 26.x writes it (``logging_resource_adaptor_impl.cpp``): a header line
 ``Thread,Time,Action,Pointer,Size,Stream``, then one line per call,

@@ -3,8 +3,8 @@
  */
 #pragma once
 
-// The native loops of rmm_fences.bench (the _bench extension): not a public header, and not
-// installed with the package.
+// The native loops of rmm_fences_bench (its _loops extension): benchmark code, built in place
+// from benchmarks/ and never installed with the package.
 
 #include "_replay.hpp"
 
