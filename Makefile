@@ -23,7 +23,7 @@ CUPY_TESTS     ?= .downstream/cupy-tests
 DOWNSTREAM_OUT ?= .downstream/out
 HEADERS := $(shell find src/rmm_fences/_lib tests/native/include -name '*.hpp')
 CXX_SOURCES := $(shell find tests/native -name '*.cpp')
-SOURCES := pyproject.toml CMakeLists.txt $(shell find src/rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
+SOURCES := pyproject.toml CMakeLists.txt $(wildcard cmake/*) $(shell find src/rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
 
 .PHONY: test lint demo bench downstream install clean
 
