@@ -4,8 +4,9 @@
 #             (install also builds the host test harness, tests/native/rmm_fences_testing*.so,
 #             with -DRMM_FENCES_BUILD_TESTS=ON: it is not installed, the package is as shipped)
 # make lint : ruff (check, format --check), cython-lint, clang-format --dry-run -Werror on the C++
-#             headers and tests/native/*.cpp, codespell; the tools are pinned in pyproject.toml's
-#             lint extra (the same commands as .pre-commit-config.yaml's hooks, which run offline)
+#             headers, tests/native/*.cpp and examples/cpp/*.cu, codespell; the tools are pinned
+#             in pyproject.toml's lint extra (the same commands as .pre-commit-config.yaml's hooks,
+#             which run offline)
 # make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the CUB temp-storage loop
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
@@ -22,7 +23,7 @@ RMM_TESTS      ?= .downstream/rmm-tests
 CUPY_TESTS     ?= .downstream/cupy-tests
 DOWNSTREAM_OUT ?= .downstream/out
 HEADERS := $(shell find src/rmm_fences/_lib tests/native/include -name '*.hpp')
-CXX_SOURCES := $(shell find tests/native -name '*.cpp')
+CXX_SOURCES := $(shell find tests/native -name '*.cpp') $(wildcard examples/cpp/*.cu)
 SOURCES := pyproject.toml CMakeLists.txt $(wildcard cmake/*) $(shell find src/rmm_fences tests/native -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
 
 .PHONY: test lint demo bench downstream install clean
