@@ -6,8 +6,9 @@
 #             benchmarks/rmm_fences_bench/_loops*.so, with -DRMM_FENCES_BUILD_BENCHMARKS=ON: both
 #             are built in place and not installed, the package is as shipped)
 # make lint : ruff (check, format --check), cython-lint, clang-format --dry-run -Werror on the C++
-#             headers and tests/native/*.cpp, codespell; the tools are pinned in pyproject.toml's
-#             lint extra (the same commands as .pre-commit-config.yaml's hooks, which run offline)
+#             headers, tests/native/*.cpp and examples/cpp/*.cu, codespell; the tools are pinned
+#             in pyproject.toml's lint extra (the same commands as .pre-commit-config.yaml's hooks,
+#             which run offline)
 # make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the CUB temp-storage loop
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
@@ -24,8 +25,8 @@ RMM_TESTS      ?= .downstream/rmm-tests
 CUPY_TESTS     ?= .downstream/cupy-tests
 DOWNSTREAM_OUT ?= .downstream/out
 HEADERS := $(shell find src/rmm_fences/_lib tests/native/include benchmarks -name '*.hpp')
-CXX_SOURCES := $(shell find tests/native -name '*.cpp')
-SOURCES := pyproject.toml CMakeLists.txt $(shell find src/rmm_fences tests/native benchmarks -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
+CXX_SOURCES := $(shell find tests/native -name '*.cpp') $(wildcard examples/cpp/*.cu)
+SOURCES := pyproject.toml CMakeLists.txt $(wildcard cmake/*) $(shell find src/rmm_fences tests/native benchmarks -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
 
 .PHONY: test lint demo bench downstream install clean
 

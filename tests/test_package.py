@@ -32,6 +32,8 @@ def test_public_names():
         "SyncOnFreeResourceAdaptor",
         "__version__",
         "compose",
+        "get_cmake_dir",
+        "get_include",
         "install",
         "parse_spec",
     ]

@@ -8,6 +8,7 @@
 
 import rmm  # noqa: F401  (loads librmm.so, which the extension links)
 
+from rmm_fences._cxx import get_cmake_dir, get_include
 from rmm_fences._hazards import AllocationRecord, HazardError, HazardRecord, HazardWarning
 from rmm_fences._lib.memory_resource import (
     HazardTrackingResourceAdaptor,
@@ -28,6 +29,8 @@ __all__ = [
     "SyncOnFreeResourceAdaptor",
     "__version__",
     "compose",
+    "get_cmake_dir",
+    "get_include",
     "install",
     "parse_spec",
 ]
