@@ -12,6 +12,12 @@
 # make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the CUB temp-storage loop
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
 # make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
+# make dist-check: (CI, after make test) build the sdist, then the wheel from it; tag the wheel
+#             manylinux with auditwheel; twine check both (into dist/); install the wheel in a fresh
+#             venv (build/dist-venv, the wheel's dependencies and its test and dask extras only),
+#             import it, run rmm-fences --version and the tests against it (tests/test_dist.py
+#             checks the files; the host test harness is make install's, built from the headers
+#             alone); the tools are pyproject.toml's dist dependency group
 # make downstream: GPU host only, CI does not run it: RMM's and CuPy's test suites as shipped and
 #             under each rmm_fences chain (tools/downstream/run.py), from sources fetched into
 #             .downstream/ by tools/downstream/fetch_sources.sh; installs nothing (PY=python3 where
@@ -28,7 +34,15 @@ HEADERS := $(shell find src/rmm_fences/_lib tests/native/include benchmarks -nam
 CXX_SOURCES := $(shell find tests/native -name '*.cpp') $(wildcard examples/cpp/*.cu)
 SOURCES := pyproject.toml CMakeLists.txt $(wildcard cmake/*) $(shell find src/rmm_fences tests/native benchmarks -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.hpp' -o -name '*.cpp' -o -name CMakeLists.txt)
 
-.PHONY: test lint demo bench downstream install clean
+DIST      ?= dist
+DIST_VENV ?= build/dist-venv
+# never grafted into the wheel, as in RAPIDS' wheels: librmm.so and librapids_logger.so, which
+# the extensions link, come from the librmm-cu13 and rapids-logger wheels (one copy per process:
+# rmm's current resources live in librmm); the CUDA runtime (linked statically today, as librmm
+# does) and driver belong to the system
+DIST_EXCLUDE := librmm.so librapids_logger.so libcudart.so.13 libcuda.so.1
+
+.PHONY: test lint demo bench downstream install clean dist-check
 
 install: $(STAMP)
 
@@ -61,9 +75,28 @@ bench: $(STAMP)
 	  && ../$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) \
 	  && ../$(VENV)/bin/asv publish
 
+dist-check: $(STAMP)
+	$(PY) -m pip install --quiet --group dist
+	rm -rf $(DIST) build/dist-raw $(DIST_VENV)
+	$(PY) -m build --outdir build/dist-raw .  # the sdist, then the wheel built from it
+	PATH="$(abspath $(VENV))/bin:$$PATH" auditwheel repair $(DIST_EXCLUDE:%=--exclude %) \
+	  -w $(DIST) build/dist-raw/*.whl
+	cp build/dist-raw/*.tar.gz $(DIST)/
+	$(VENV)/bin/auditwheel show $(DIST)/*.whl  # the tag its symbol versions allow
+	$(VENV)/bin/twine check --strict $(DIST)/*
+	$(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/python -m pip install --quiet "$$(echo $(DIST)/*.whl)[test,dask]"
+	$(DIST_VENV)/bin/python -c '$(DIST_IMPORT)'
+	cd / && $(abspath $(DIST_VENV))/bin/python -c '$(DIST_IMPORT)'
+	$(DIST_VENV)/bin/rmm-fences --version
+	RMM_FENCES_DIST=$(abspath $(DIST)) $(DIST_VENV)/bin/pytest $(PYTEST_ARGS)
+
+# from the repository root and from elsewhere, rmm_fences imports from the fresh venv
+DIST_IMPORT := import sys, rmm_fences as m; assert m.__file__.startswith(sys.prefix), m.__file__; print(m.__file__)
+
 downstream:
 	$(PY) tools/downstream/run.py --suite rmm=$(RMM_TESTS) --suite cupy=$(CUPY_TESTS) \
 	  --out $(DOWNSTREAM_OUT) $(DOWNSTREAM_ARGS)
 
 clean:
-	rm -rf $(VENV) build tests/native/rmm_fences_testing*.so benchmarks/rmm_fences_bench/_loops*.so
+	rm -rf $(VENV) build $(DIST) tests/native/rmm_fences_testing*.so benchmarks/rmm_fences_bench/_loops*.so
