@@ -31,8 +31,8 @@ def test_public_names():
         "SyncOnFreeResourceAdaptor",
         "__version__",
         "compose",
-        "install",
         "parse_spec",
+        "use_resource",
     ]
     from rmm_fences.specs import SpecError
 

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Arguments named as in rmm mean what they mean there: ``initial_pool_size`` of
-StreamOrderedPoolMemoryResource (CPU: a fake upstream; tests/test_rmm_names_gpu.py measures
-None on a GPU)."""
+"""Names an RMM user knows mean one thing: ``initial_pool_size`` of
+StreamOrderedPoolMemoryResource means what it means in rmm (CPU: a fake upstream;
+tests/test_rmm_names_gpu.py measures None on a GPU), and ``install`` is PyTorch's allocator
+swap alone."""
 
 import ast
 import inspect
@@ -55,3 +56,22 @@ def test_pool_initial_pool_size_none_asks_rmm_for_half_the_free_memory():
         StreamOrderedPoolMemoryResource(up.mr, initial_pool_size=None)
     assert str(ours.value) == str(theirs.value)
     assert up.calls == []
+
+
+def test_one_install_per_meaning():
+    """``install`` is PyTorch's allocator swap alone; making a chain the current device
+    resource is ``use_resource``."""
+    defined = sorted(
+        f"{path.relative_to(SRC).as_posix()}:{node.name}"
+        for path in SRC.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == "install"
+    )
+    assert defined == ["allocators/torch.py:install"]
+    assert not hasattr(rmm_fences, "install")
+    from rmm_fences.specs import use_resource
+
+    assert rmm_fences.use_resource is use_resource
+    assert "device" in inspect.signature(use_resource).parameters
+    with pytest.raises(TypeError, match="spec_or_resource must be a spec string"):
+        use_resource(42, device=0)

@@ -15,7 +15,7 @@ from rmm_fences._lib.memory_resource import (
     SyncOnFreeResourceAdaptor,
 )
 from rmm_fences._version import __version__
-from rmm_fences.specs import SpecError, compose, install, parse_spec
+from rmm_fences.specs import SpecError, compose, parse_spec, use_resource
 
 __all__ = [
     "AllocationRecord",
@@ -28,6 +28,6 @@ __all__ = [
     "SyncOnFreeResourceAdaptor",
     "__version__",
     "compose",
-    "install",
     "parse_spec",
+    "use_resource",
 ]

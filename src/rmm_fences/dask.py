@@ -68,9 +68,9 @@ class FencesPlugin(WorkerPlugin):
         return f"FencesPlugin({self.spec!r}, cupy_allocator={self.cupy_allocator})"
 
     def setup(self, worker=None):
-        from rmm_fences.specs import install
+        from rmm_fences.specs import use_resource
 
-        self._installed = install(self.spec)
+        self._installed = use_resource(self.spec)
         self.resource = self._installed.resource
         if self.cupy_allocator:
             import cupy
