@@ -233,7 +233,10 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         when none could be recorded), ``peak_pending_bytes``, ``failed_syncs`` (syncs and
         fence waits that failed: nothing was released on them), ``rejected_frees`` (double
         frees, foreign pointers, size mismatches), ``fences`` (events recorded: one per batch
-        of frees on a stream at most)."""
+        of frees on a stream at most).
+
+        What the adaptor does, not allocation statistics: for those, ``rmm.statistics``
+        (rmm's ``StatisticsResourceAdaptor`` over it, docs/index.md#statistics)."""
         return deref(self.c_obj).stats()
 
 
@@ -518,7 +521,12 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         stream in use; idle ones are retired once 64 are held), ``fence_events`` (events held
         now as fences), ``graph_bytes`` (free bytes held for graphs that may still replay),
         ``orphan_bytes`` (free bytes of streams that went away, whose last frees no fence
-        covers)."""
+        covers).
+
+        ``current_bytes`` counts the blocks handed out now, each rounded up to a multiple of
+        256 bytes (rmm's ``Statistics.current_bytes`` counts the bytes asked for);
+        ``peak_bytes`` is sampled (a short peak may be missed by up to 4 MiB per stream). For
+        allocation statistics use ``rmm.statistics`` (docs/index.md#statistics)."""
         return deref(self.c_obj).stats()
 
 
@@ -796,7 +804,11 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         """Counters: ``allocations``, ``deallocations``, ``rejected_frees``, ``fences``,
         ``stream_waits``, ``unchecked`` (checks that could not be made: stream capture, a
         failed event record, query or stream wait, another thread's per-thread default
-        stream), ``hazards``, ``allocated_bytes``, ``peak_bytes``, ``pending_checks``."""
+        stream), ``hazards``, ``allocated_bytes``, ``peak_bytes``, ``pending_checks``.
+
+        ``allocated_bytes`` and ``peak_bytes`` count the non-empty allocations alive now and at
+        most since construction or :meth:`reset`; rmm's ``StatisticsResourceAdaptor``
+        (``rmm.statistics``) gives the full allocation statistics (docs/index.md#statistics)."""
         cdef dict out = deref(self.c_obj).stats()
         out["pending_checks"] = deref(self.c_obj).pending_checks()
         return out
