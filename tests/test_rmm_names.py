@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Names an RMM user knows mean one thing: ``initial_pool_size`` of
 StreamOrderedPoolMemoryResource means what it means in rmm (CPU: a fake upstream;
-tests/test_rmm_names_gpu.py measures None on a GPU), and ``install`` is PyTorch's allocator
-swap alone."""
+tests/test_rmm_names_gpu.py measures None on a GPU), ``install`` is PyTorch's allocator swap
+alone, and every public error is importable from ``rmm_fences``."""
 
 import ast
+import importlib
 import inspect
 import pathlib
+import pkgutil
 
 import pytest
 import rmm
@@ -75,3 +77,30 @@ def test_one_install_per_meaning():
     assert "device" in inspect.signature(use_resource).parameters
     with pytest.raises(TypeError, match="spec_or_resource must be a spec string"):
         use_resource(42, device=0)
+
+
+def _modules():
+    yield rmm_fences
+    for info in pkgutil.walk_packages(rmm_fences.__path__, "rmm_fences."):
+        if info.name.startswith("rmm_fences._"):
+            continue
+        try:
+            yield importlib.import_module(info.name)
+        except ImportError:  # an extra that is not installed (torch, cuda-cccl)
+            continue
+
+
+def test_every_public_error_is_exported_at_the_top():
+    errors = {
+        name: obj
+        for module in _modules()
+        for name, obj in vars(module).items()
+        if not name.startswith("_")
+        and inspect.isclass(obj)
+        and issubclass(obj, BaseException)
+        and obj.__module__.startswith("rmm_fences")
+    }
+    assert {"SpecError", "HazardError", "HazardWarning"} <= set(errors)
+    for name, cls in errors.items():
+        assert name in rmm_fences.__all__, name
+        assert getattr(rmm_fences, name) is cls, name

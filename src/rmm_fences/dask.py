@@ -30,7 +30,7 @@ class FencesPlugin(WorkerPlugin):
     ----------
     spec : str
         A resource spec (see :func:`rmm_fences.parse_spec`), checked here, before any worker
-        is touched: a bad one raises :class:`rmm_fences.specs.SpecError`.
+        is touched: a bad one raises :class:`rmm_fences.SpecError`.
     cupy_allocator : bool
         Also route CuPy's allocations on the worker through the chain
         (:class:`rmm_fences.allocators.cupy.CupyAllocator`).
