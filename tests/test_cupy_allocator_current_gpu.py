@@ -17,14 +17,6 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
-@pytest.fixture
-def current_resource():
-    """Restores rmm's current device resource after the test."""
-    previous = rmm.mr.get_current_device_resource()
-    yield previous
-    rmm.mr.set_current_device_resource(previous)
-
-
 def _stats_over_pool(inner=None):
     pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
     return rmm.mr.StatisticsResourceAdaptor(pool if inner is None else inner(pool))

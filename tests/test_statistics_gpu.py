@@ -16,14 +16,6 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
-@pytest.fixture
-def current_resource():
-    """Restores rmm's current device resource after the test."""
-    previous = rmm.mr.get_current_device_resource()
-    yield previous
-    rmm.mr.set_current_device_resource(previous)
-
-
 CHAINS = [
     "pool(cuda)",
     "pool(cuda_async)",
