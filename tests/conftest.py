@@ -223,6 +223,16 @@ def capture_elsewhere(cupy, scenarios):
 
 
 @pytest.fixture
+def current_resource():
+    """rmm's current device resource, restored after the test (GPU tests that change it)."""
+    import rmm
+
+    previous = rmm.mr.get_current_device_resource()
+    yield previous
+    rmm.mr.set_current_device_resource(previous)
+
+
+@pytest.fixture
 def rng(request):
     """A fresh generator per test, seeded from the test's id so failures reproduce."""
     import numpy as np

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""compose() builds every resource name on a GPU; install() sets and restores."""
+"""compose() builds every resource name on a GPU; use_resource() sets and restores."""
 
 import pytest
 import rmm
 
 import rmm_fences
-from rmm_fences.specs import RESOURCES, compose, install
+from rmm_fences.specs import RESOURCES, compose, use_resource
 
 pytestmark = pytest.mark.gpu
 
@@ -84,20 +84,20 @@ def test_compose_builds_every_name(name, cupy, scenarios, rng):
         assert mr.stats["allocations"] == 2 and mr.stats["deallocations"] == 2
 
 
-def test_install_sets_and_restores_the_current_resource():
+def test_use_resource_sets_and_restores_the_current_resource():
     before = rmm.mr.get_current_device_resource()
-    with install("tracking(pool(cuda))") as mr:
+    with use_resource("tracking(pool(cuda))") as mr:
         assert rmm.mr.get_current_device_resource() is mr
         buf = rmm.DeviceBuffer(size=4096)
         assert mr.allocated_bytes == 4096
         del buf
     assert rmm.mr.get_current_device_resource() is before
     mine = rmm.mr.StatisticsResourceAdaptor(rmm.mr.CudaMemoryResource())
-    installed = install(mine)  # takes effect without a with-block
+    used = use_resource(mine)  # takes effect without a with-block
     try:
         assert rmm.mr.get_current_device_resource() is mine
     finally:
-        installed.__exit__(None, None, None)
+        used.__exit__(None, None, None)
     assert rmm.mr.get_current_device_resource() is before
     with pytest.raises(TypeError, match="spec_or_resource"):
-        install(42)
+        use_resource(42)

@@ -34,8 +34,8 @@ def test_public_names():
         "compose",
         "get_cmake_dir",
         "get_include",
-        "install",
         "parse_spec",
+        "use_resource",
     ]
     from rmm_fences.specs import SpecError
 

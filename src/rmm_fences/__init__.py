@@ -16,7 +16,7 @@ from rmm_fences._lib.memory_resource import (
     SyncOnFreeResourceAdaptor,
 )
 from rmm_fences._version import __version__
-from rmm_fences.specs import SpecError, compose, install, parse_spec
+from rmm_fences.specs import SpecError, compose, parse_spec, use_resource
 
 __all__ = [
     "AllocationRecord",
@@ -31,6 +31,6 @@ __all__ = [
     "compose",
     "get_cmake_dir",
     "get_include",
-    "install",
     "parse_spec",
+    "use_resource",
 ]

@@ -30,7 +30,7 @@ class FencesPlugin(WorkerPlugin):
     ----------
     spec : str
         A resource spec (see :func:`rmm_fences.parse_spec`), checked here, before any worker
-        is touched: a bad one raises :class:`rmm_fences.specs.SpecError`.
+        is touched: a bad one raises :class:`rmm_fences.SpecError`.
     cupy_allocator : bool
         Also route CuPy's allocations on the worker through the chain
         (:class:`rmm_fences.allocators.cupy.CupyAllocator`).
@@ -68,9 +68,9 @@ class FencesPlugin(WorkerPlugin):
         return f"FencesPlugin({self.spec!r}, cupy_allocator={self.cupy_allocator})"
 
     def setup(self, worker=None):
-        from rmm_fences.specs import install
+        from rmm_fences.specs import use_resource
 
-        self._installed = install(self.spec)
+        self._installed = use_resource(self.spec)
         self.resource = self._installed.resource
         if self.cupy_allocator:
             import cupy

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Resource chains from one-line specs, and installing them as the current device resource.
+"""Resource chains from one-line specs, and using them as the current device resource.
 
 >>> from rmm_fences.specs import parse_spec
 >>> parse_spec("sync_on_free(naive_cache(cuda_async), mode=deferred)")
@@ -16,10 +16,14 @@ import dataclasses
 import importlib
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rmm_fences._sizes import parse_bytes
 
-__all__ = ["Spec", "SpecError", "RESOURCES", "parse_spec", "compose", "install"]
+if TYPE_CHECKING:  # parse_spec needs no rmm
+    import rmm
+
+__all__ = ["Spec", "SpecError", "RESOURCES", "parse_spec", "compose", "use_resource"]
 
 
 class SpecError(ValueError):
@@ -381,17 +385,33 @@ def compose(spec) -> object:
     return _build(spec if isinstance(spec, Spec) else parse_spec(spec))
 
 
-class install:
+class use_resource:
     """Make a resource (or the chain of a spec) the current device resource of ``device``.
 
-    Takes effect at once; used as a context manager it restores the previous resource on
-    exit::
+    Takes effect at once, as ``rmm.mr.set_per_device_resource(device, mr)`` would; used as a
+    context manager it restores the previous resource on exit::
 
-        with rmm_fences.install("pool(cuda_async)") as mr:
-            ...
+        with rmm_fences.use_resource("pool(cuda_async)") as mr:
+            ...  # rmm's current device resource inside the block
+
+    Parameters
+    ----------
+    spec_or_resource : str, Spec or rmm.mr.DeviceMemoryResource
+        A spec of :func:`compose` (built on ``device``) or a resource.
+    device : int, optional
+        The device whose current resource it becomes (default: the current device).
+
+    Attributes: ``resource`` (what was made current), ``previous`` (what the exit restores),
+    ``device``. (PyTorch's allocator has its own, one-way
+    ``rmm_fences.allocators.torch.install``.)
     """
 
-    def __init__(self, spec_or_resource, device=None):
+    def __init__(
+        self,
+        spec_or_resource: str | Spec | rmm.mr.DeviceMemoryResource,
+        *,
+        device: int | None = None,
+    ) -> None:
         import rmm
 
         if device is None:

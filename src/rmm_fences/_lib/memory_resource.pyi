@@ -78,7 +78,7 @@ class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     def __init__(
         self,
         upstream_mr: DeviceMemoryResource,
-        initial_pool_size: int | str | None = None,
+        initial_pool_size: int | str | None = 0,
         maximum_pool_size: int | str | None = None,
         maximum_growth_size: int | str | None = None,
     ) -> None: ...

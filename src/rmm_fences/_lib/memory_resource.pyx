@@ -25,7 +25,11 @@ from libcpp.optional cimport optional
 from libcpp.string cimport string
 
 from rmm.librmm.cuda_stream_ref cimport stream_ref
-from rmm.librmm.memory_resource cimport any_resource, device_accessible
+from rmm.librmm.memory_resource cimport (
+    any_resource,
+    device_accessible,
+    percent_of_free_device_memory,
+)
 from rmm.librmm.per_device_resource cimport cuda_device_id
 from rmm.pylibrmm.memory_resource._memory_resource cimport (
     DeviceMemoryResource,
@@ -229,7 +233,10 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         when none could be recorded), ``peak_pending_bytes``, ``failed_syncs`` (syncs and
         fence waits that failed: nothing was released on them), ``rejected_frees`` (double
         frees, foreign pointers, size mismatches), ``fences`` (events recorded: one per batch
-        of frees on a stream at most)."""
+        of frees on a stream at most).
+
+        What the adaptor does, not allocation statistics: for those, ``rmm.statistics``
+        (rmm's ``StatisticsResourceAdaptor`` over it, docs/index.md#statistics)."""
         return deref(self.c_obj).stats()
 
 
@@ -353,19 +360,22 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     cdef object _maximum_pool_size
     cdef object _maximum_growth_size
 
-    def __cinit__(self, DeviceMemoryResource upstream_mr, initial_pool_size=None,
+    def __cinit__(self, DeviceMemoryResource upstream_mr, initial_pool_size=0,
                   maximum_pool_size=None, maximum_growth_size=None):
-        cdef size_t initial = 0
+        cdef size_t initial
         cdef optional[size_t] maximum
         cdef optional[size_t] growth
-        if initial_pool_size is not None:
+        if initial_pool_size is None:  # rmm's PoolMemoryResource: half the free memory
+            initial = percent_of_free_device_memory(50)
+        else:
             initial = parse_bytes(initial_pool_size, "initial_pool_size")
         if maximum_pool_size is not None:
             self._maximum_pool_size = parse_bytes(maximum_pool_size, "maximum_pool_size")
             if self._maximum_pool_size < initial:
                 raise ValueError(
                     f"maximum_pool_size ({self._maximum_pool_size}) must be at least "
-                    f"initial_pool_size ({initial})"
+                    f"initial_pool_size ({initial}"
+                    + (", half the free device memory)" if initial_pool_size is None else ")")
                 )
             maximum = <size_t>self._maximum_pool_size
         if maximum_growth_size is not None:
@@ -382,7 +392,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
             ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
-    def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None,
+    def __init__(self, upstream_mr, initial_pool_size=0, maximum_pool_size=None,
                  maximum_growth_size=None):
         pass
 
@@ -511,7 +521,12 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         stream in use; idle ones are retired once 64 are held), ``fence_events`` (events held
         now as fences), ``graph_bytes`` (free bytes held for graphs that may still replay),
         ``orphan_bytes`` (free bytes of streams that went away, whose last frees no fence
-        covers)."""
+        covers).
+
+        ``current_bytes`` counts the blocks handed out now, each rounded up to a multiple of
+        256 bytes (rmm's ``Statistics.current_bytes`` counts the bytes asked for);
+        ``peak_bytes`` is sampled (a short peak may be missed by up to 4 MiB per stream). For
+        allocation statistics use ``rmm.statistics`` (docs/index.md#statistics)."""
         return deref(self.c_obj).stats()
 
 
@@ -522,9 +537,12 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     ----------
     upstream_mr : DeviceMemoryResource
         Where chunks come from.
-    initial_pool_size : int or str, optional
-        Bytes taken from the upstream at construction (``"1GiB"`` accepted). ``None``
-        (default): nothing until the first allocation, then the request rounded up to 2 MiB.
+    initial_pool_size : int, str or None
+        Bytes taken from the upstream at construction (``"1GiB"`` accepted). ``0`` (default):
+        nothing until the first allocation, then the request rounded up to 2 MiB. ``None``:
+        half the free device memory, as for ``rmm.mr.PoolMemoryResource`` (whose default it
+        is; rmm computes it). The defaults differ on purpose: a pool that starts empty and
+        grows on demand leaves the device to the processes beside it.
     maximum_pool_size : int or str, optional
         The most bytes the pool may hold. ``None`` (default): no bound.
     maximum_growth_size : int or str, optional
@@ -560,7 +578,7 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     destroyed. The pool belongs to the device current at construction.
     """
 
-    def __new__(cls, upstream_mr, initial_pool_size=None, maximum_pool_size=None,
+    def __new__(cls, upstream_mr, initial_pool_size=0, maximum_pool_size=None,
                 maximum_growth_size=None):
         _check_upstream(upstream_mr)
         return super().__new__(
@@ -786,7 +804,11 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         """Counters: ``allocations``, ``deallocations``, ``rejected_frees``, ``fences``,
         ``stream_waits``, ``unchecked`` (checks that could not be made: stream capture, a
         failed event record, query or stream wait, another thread's per-thread default
-        stream), ``hazards``, ``allocated_bytes``, ``peak_bytes``, ``pending_checks``."""
+        stream), ``hazards``, ``allocated_bytes``, ``peak_bytes``, ``pending_checks``.
+
+        ``allocated_bytes`` and ``peak_bytes`` count the non-empty allocations alive now and at
+        most since construction or :meth:`reset`; rmm's ``StatisticsResourceAdaptor``
+        (``rmm.statistics``) gives the full allocation statistics (docs/index.md#statistics)."""
         cdef dict out = deref(self.c_obj).stats()
         out["pending_checks"] = deref(self.c_obj).pending_checks()
         return out

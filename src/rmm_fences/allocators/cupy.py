@@ -2,18 +2,22 @@
 """A CuPy allocator over an RMM resource, cheap per call.
 
 ``rmm.allocators.cupy.rmm_cupy_allocator`` builds an rmm ``Stream`` and a ``DeviceBuffer`` and
-queries pointer attributes on every call. This one binds the resource once, allocates and
-frees on CuPy's current stream (rmm ``Stream`` objects are cached per handle) and passes the
-device id to CuPy, so no attribute query is made.
+queries pointer attributes on every call. This one allocates and frees on CuPy's current
+stream (rmm ``Stream`` objects are cached per handle) and passes the device id to CuPy, so no
+attribute query is made. ``CupyAllocator()`` takes each allocation from rmm's current device
+resource, looked up on every call as ``rmm_cupy_allocator`` does; ``CupyAllocator(mr)`` from
+``mr`` alone.
 
->>> import cupy, rmm
+>>> import cupy
 >>> from rmm_fences.allocators.cupy import CupyAllocator
->>> cupy.cuda.set_allocator(CupyAllocator(rmm.mr.CudaAsyncMemoryResource()))  # doctest: +SKIP
+>>> cupy.cuda.set_allocator(CupyAllocator())  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import weakref
+
+import rmm
 
 from rmm_fences._optional import require
 from rmm_fences._streams import rmm_stream
@@ -100,51 +104,78 @@ class _Block:
 
 
 class CupyAllocator:
-    """``cupy.cuda.set_allocator(CupyAllocator(mr))``: CuPy's device memory from ``mr``.
+    """``cupy.cuda.set_allocator(CupyAllocator())``: CuPy's device memory from rmm.
 
     Parameters
     ----------
     mr : DeviceMemoryResource, optional
-        The resource (default: rmm's current device resource for ``device``, read once here).
+        The resource every allocation comes from. ``None`` (default): rmm's current device
+        resource (``rmm.mr.get_current_device_resource()``) of CuPy's current device, looked
+        up on every call, as ``rmm.allocators.cupy.rmm_cupy_allocator`` does: a resource set
+        with ``rmm.mr.set_current_device_resource`` later serves the allocations made after.
     device : int, optional
-        The device whose memory ``mr`` serves (default: the current device).
+        Only with a given ``mr``: the device whose memory ``mr`` serves (default: the current
+        device). With ``mr=None`` each allocation belongs to the device current at the call.
 
     Each allocation is made on CuPy's current stream and freed on that same stream when the
-    array dies, without a sync: the resource must order reuse by stream, as rmm_fences'
-    resources and rmm's pool and CudaAsync do. The allocation keeps a reference to CuPy's
-    stream object, so a ``cupy.cuda.Stream`` lives (is not destroyed) until the last array
-    allocated on it is freed. A ``cupy.cuda.ExternalStream`` does not own its stream: whoever
-    owns it must keep it alive until those arrays are freed. A request of 0 bytes reaches no
-    resource (as with rmm's ``DeviceBuffer``): CuPy gets a null pointer and nothing is freed.
+    array dies, without a sync, by the resource that allocated it (also when the current
+    device resource changed in between; the block keeps that resource alive until its free):
+    the resource must order reuse by stream, as rmm_fences' resources and rmm's pool and
+    CudaAsync do. The allocation keeps a reference to CuPy's stream object, so a
+    ``cupy.cuda.Stream`` lives (is not destroyed) until the last array allocated on it is
+    freed. A ``cupy.cuda.ExternalStream`` does not own its stream: whoever owns it must keep
+    it alive until those arrays are freed. A request of 0 bytes reaches no resource (as with
+    rmm's ``DeviceBuffer``): CuPy gets a null pointer and nothing is freed.
+
+    Raises
+    ------
+    TypeError
+        ``mr`` is neither None nor an ``rmm.mr.DeviceMemoryResource``, or ``device`` is given
+        with ``mr=None``.
     """
 
     __slots__ = ("mr", "device")
 
-    def __init__(self, mr=None, device=None):
-        import rmm
-
-        self.device = cupy.cuda.runtime.getDevice() if device is None else int(device)
+    def __init__(
+        self, mr: rmm.mr.DeviceMemoryResource | None = None, device: int | None = None
+    ) -> None:
         if mr is None:
-            mr = rmm.mr.get_per_device_resource(self.device)
+            if device is not None:
+                raise TypeError(
+                    "device is only for a given mr; with mr=None each allocation comes from "
+                    "rmm's current device resource of the device current at the call "
+                    f"(got device={device!r})"
+                )
+            self.mr = self.device = None
+            return
         if not isinstance(mr, rmm.mr.DeviceMemoryResource):
             raise TypeError(
-                f"mr must be None or an rmm.mr.DeviceMemoryResource, got {type(mr).__name__}"
+                "mr must be None (rmm's current device resource, looked up on every call) or "
+                f"an rmm.mr.DeviceMemoryResource, got {type(mr).__name__}"
             )
+        self.device = cupy.cuda.runtime.getDevice() if device is None else int(device)
         self.mr = mr
 
     def __call__(self, nbytes: int) -> cupy.cuda.MemoryPointer:
+        mr, device = self.mr, self.device
+        if mr is None:  # rmm_cupy_allocator's resource: the current one, on every call
+            device = cupy.cuda.runtime.getDevice()
+            if nbytes != 0:
+                mr = rmm.mr.get_per_device_resource(device)
         if nbytes == 0:  # as rmm's DeviceBuffer: no allocation, so no (null) free to make
-            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, self.device), 0)
+            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device), 0)
         cupy_stream = cupy.cuda.get_current_stream()
         stream = _stream_of(cupy_stream)
-        ptr = self.mr.allocate(nbytes, stream.rmm)
-        try:
-            owner = _Block(self.mr, ptr, nbytes, stream, cupy_stream)
+        ptr = mr.allocate(nbytes, stream.rmm)
+        try:  # the block frees through mr, whatever the current resource is by then
+            owner = _Block(mr, ptr, nbytes, stream, cupy_stream)
         except BaseException:  # not registered (no host memory): nothing else would free it
-            self.mr.deallocate(ptr, nbytes, stream.rmm)
+            mr.deallocate(ptr, nbytes, stream.rmm)
             raise
-        mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device)
+        mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner, device)
         return cupy.cuda.MemoryPointer(mem, 0)
 
     def __repr__(self):
+        if self.mr is None:
+            return "CupyAllocator(mr=None)"
         return f"CupyAllocator({type(self.mr).__name__}(), device={self.device})"

@@ -78,7 +78,13 @@ class hazard_tracking_resource_adaptor
                                        std::size_t bytes,
                                        std::size_t alignment,
                                        hazard_record* stopped)
-  { return get().core().allocate(stream, bytes, alignment, stopped); }
+  {
+    try {
+      return get().core().allocate(stream, bytes, alignment, stopped);
+    } catch (...) {
+      detail::rethrow_allocation_error("HazardTrackingResourceAdaptor");
+    }
+  }
 
   /**
    * @brief `deallocate` that can stop a hazard: with `stopped` given, a free that shows one

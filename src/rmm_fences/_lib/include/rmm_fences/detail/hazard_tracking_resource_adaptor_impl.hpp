@@ -5,6 +5,7 @@
 
 #include <rmm_fences/detail/cuda_tracker_platform.hpp>
 #include <rmm_fences/detail/hazard_tracker_core.hpp>
+#include <rmm_fences/detail/missing_gpu.hpp>
 
 #include <rmm/aligned.hpp>
 #include <rmm/cuda_device.hpp>
@@ -67,7 +68,13 @@ class hazard_tracking_resource_adaptor_impl {
   [[nodiscard]] void* allocate(cuda::stream_ref stream,
                                std::size_t bytes,
                                std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  { return core_.allocate(stream, bytes, alignment); }
+  {
+    try {
+      return core_.allocate(stream, bytes, alignment);
+    } catch (...) {
+      rethrow_allocation_error("HazardTrackingResourceAdaptor");
+    }
+  }
 
   /// Frees a tracked block; a bad free is recorded and never reaches the upstream. A null free
   /// is a no-op (nothing recorded, nothing reaches the upstream).

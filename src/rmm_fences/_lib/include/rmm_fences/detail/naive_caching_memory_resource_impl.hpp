@@ -3,6 +3,8 @@
  */
 #pragma once
 
+#include <rmm_fences/detail/missing_gpu.hpp>
+
 #include <rmm/aligned.hpp>
 #include <rmm/cuda_device.hpp>
 #include <rmm/process_is_exiting.hpp>
@@ -70,7 +72,11 @@ class naive_caching_memory_resource_impl {
       }
       ++misses_;
     }
-    return upstream_.allocate(stream, bytes, alignment);
+    try {
+      return upstream_.allocate(stream, bytes, alignment);
+    } catch (...) {
+      rethrow_allocation_error("NaiveCachingMemoryResource");
+    }
   }
 
   /// Caches the block at once, whatever work is still queued on it. A null free is a no-op

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <rmm_fences/detail/cuda_pool_platform.hpp>
+#include <rmm_fences/detail/missing_gpu.hpp>
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
 
 #include <rmm/aligned.hpp>
@@ -35,12 +36,14 @@ class stream_ordered_pool_memory_resource_impl {
                                            std::size_t initial_pool_size,
                                            std::optional<std::size_t> maximum_pool_size,
                                            std::optional<std::size_t> maximum_growth_size)
+  try
     : core_{std::move(upstream),
             initial_pool_size,
             maximum_pool_size,
             maximum_growth_size,
-            rmm::get_current_cuda_device()}
-  {
+            rmm::get_current_cuda_device()} {
+  } catch (...) {
+    rethrow_allocation_error("StreamOrderedPoolMemoryResource");  // the initial pool
   }
 
   /**
@@ -79,7 +82,13 @@ class stream_ordered_pool_memory_resource_impl {
   [[nodiscard]] void* allocate(cuda::stream_ref stream,
                                std::size_t bytes,
                                std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  { return core_.allocate(stream, bytes, alignment); }
+  {
+    try {
+      return core_.allocate(stream, bytes, alignment);
+    } catch (...) {
+      rethrow_allocation_error("StreamOrderedPoolMemoryResource");
+    }
+  }
 
   void deallocate(cuda::stream_ref stream,
                   void* ptr,

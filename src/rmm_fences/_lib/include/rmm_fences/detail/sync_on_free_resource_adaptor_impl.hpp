@@ -4,6 +4,7 @@
 #pragma once
 
 #include <rmm_fences/detail/cuda_events.hpp>
+#include <rmm_fences/detail/missing_gpu.hpp>
 #include <rmm_fences/detail/sync_on_free_core.hpp>
 
 #include <rmm/aligned.hpp>
@@ -75,7 +76,13 @@ class sync_on_free_resource_adaptor_impl {
   [[nodiscard]] void* allocate(cuda::stream_ref stream,
                                std::size_t bytes,
                                std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
-  { return core_.allocate(stream, bytes, alignment); }
+  {
+    try {
+      return core_.allocate(stream, bytes, alignment);
+    } catch (...) {
+      rethrow_allocation_error("SyncOnFreeResourceAdaptor");
+    }
+  }
 
   /// Frees by the mode's rule; never blocks in deferred mode. A bad free (double free, foreign
   /// pointer, size mismatch) changes nothing: counted in `rejected_frees`, one line on stderr.
