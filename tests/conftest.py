@@ -244,8 +244,8 @@ def rng(request):
 def dump_stacks(reason: str) -> None:
     """Print every Python thread's stack, and the kernel's view of every native thread of this
     process (name, wait channel, system call), to stderr: called by a test whose thread is
-    stuck. (A debugger cannot attach to its own ancestor; tools/gpu_host.sh attaches one from
-    outside when a run passes its deadline.)"""
+    stuck. (A debugger cannot attach to its own ancestor; tools/gpu_check.py attaches one from
+    outside when the test run passes its time limit.)"""
     import faulthandler
     import sys
     from pathlib import Path
