@@ -18,10 +18,14 @@
 #             import it, run rmm-fences --version and the tests against it (tests/test_dist.py
 #             checks the files; the host test harness is make install's, built from the headers
 #             alone); the tools are pyproject.toml's dist dependency group
-# make downstream: GPU host only, CI does not run it: RMM's and CuPy's test suites as shipped and
-#             under each rmm_fences chain (tools/downstream/run.py), from sources fetched into
-#             .downstream/ by tools/downstream/fetch_sources.sh; installs nothing (PY=python3 where
-#             rmm_fences is installed outside .venv); DOWNSTREAM_ARGS: more options (--jobs N ...)
+# make downstream: on a CUDA machine only (CI does not run it): RMM's and CuPy's test suites
+#             as shipped and under each rmm_fences chain (tools/downstream/run.py), from sources
+#             fetched into .downstream/ by tools/downstream/fetch_sources.sh, results in
+#             DOWNSTREAM_OUT (.downstream/out); installs nothing (PY=python3 where rmm_fences is
+#             installed outside .venv); DOWNSTREAM_ARGS: more options (--jobs N ...). A run in
+#             parts: DOWNSTREAM_ARGS="--resume --deadline 3000" starts no file after 3000 s, and
+#             the same command again runs what is left (tools/gpu_check.py --parts downstream
+#             does this)
 
 PYTHON ?= python3
 VENV   ?= .venv

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Fetch the test suites tools/downstream/run.py runs, at the installed (or given) versions. Needs
-# network, which the GPU host lacks: run it where there is network, then copy .downstream/ over.
+# network: for a GPU machine without it, run it elsewhere and copy .downstream/ over.
 #   bash tools/downstream/fetch_sources.sh                     # versions of the installed rmm, cupy
 #   CUPY_VERSION=14.2.0 RMM_VERSION=26.10.00 bash tools/downstream/fetch_sources.sh
 # cupy: tag v<version>; its tests/ becomes .downstream/cupy-tests.

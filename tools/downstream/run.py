@@ -3,7 +3,7 @@
 """Run other projects' pytest suites (RMM's, CuPy's, cuDF's, cudf-polars') under rmm_fences
 chains; report regressions.
 
-On the GPU host (no network needed), with rmm, cupy and rmm_fences installed and the suites'
+On a CUDA machine (no network needed), with rmm, cupy and rmm_fences installed and the suites'
 sources fetched beforehand by ``tools/downstream/fetch_sources.sh`` (``make downstream`` runs
 this with these defaults)::
 
@@ -28,10 +28,10 @@ name an out-of-memory error, or that the host killed (SIGKILL), runs again alone
 once its phase (the parallel files, then the serial marks) is over, and that run is its result
 (the first is kept as ``BASE.first.*``; ``--no-retry-alone`` turns this off).
 
-A device call has a time limit: ``--deadline SECONDS`` starts no file after that and stops the
-ones still running (they stay unfinished), and a later call with ``--resume`` on the same OUT
-runs only what is unfinished; ``--cupy-cache DIR`` keeps CuPy's compiled kernels in DIR, which
-can travel from one GPU host session to the next.
+A long run can be cut into several: ``--deadline SECONDS`` starts no file after that and stops
+the ones still running (they stay unfinished), and the same command with ``--resume`` on the
+same OUT runs only what is unfinished (after an interrupted run too); ``--cupy-cache DIR``
+keeps CuPy's compiled kernels in DIR, so that a later run does not compile them again.
 
 ``--chain NAME=SPEC`` (repeatable) replaces the chain table: those chains run on every suite,
 with no CuPy allocator. ``RMM_FENCES_DS_FAKE=1`` in the environment makes the plugin build and
@@ -94,7 +94,7 @@ DEFAULT_FILES = {  # globs relative to the suite's folder; any other suite: test
     ],
 }
 # cuDF's tests by subject (groupby, join and merge, sort, reductions and scans, strings, IO,
-# window functions): about 25,000 tests; the whole suite (~100,000) does not fit a device call.
+# window functions): about 25,000 tests of the whole suite's ~100,000 (--files for others).
 DEFAULT_FILES["cudf"] = [
     "groupby/test_*.py",
     "reshape/test_join.py",
@@ -224,7 +224,7 @@ def parse_args(argv):
         metavar="SECONDS",
         help=(
             "start no file after SECONDS and stop the ones still running then: "
-            "they stay unfinished, for a later --resume (a device call's limit)"
+            "they stay unfinished, for a later --resume"
         ),
     )
     p.add_argument(
@@ -233,8 +233,8 @@ def parse_args(argv):
         default=None,
         metavar="DIR",
         help=(
-            "CuPy's kernel cache (CUPY_CACHE_DIR) for every process: carried from "
-            "one GPU host session to the next, it saves the kernel compilations"
+            "CuPy's kernel cache (CUPY_CACHE_DIR) for every process: kept from one "
+            "run to the next, it saves the kernel compilations"
         ),
     )
     p.add_argument(
@@ -319,7 +319,7 @@ def plan(args):
                         }
                     )
     # The longest files first (source size stands in for run time), the baselines before all:
-    # a device call's deadline then cuts short files, and the chains reuse the kernels CuPy
+    # a --deadline then cuts short files, and the chains reuse the kernels CuPy
     # compiled for the baselines.
     size = {
         (n, f): (Path(s["path"]) / f).stat().st_size for n, s in suites.items() for f in s["files"]
