@@ -610,7 +610,7 @@ def commit():
                 "status",
                 "--porcelain",
                 "--",
-                "rmm_fences",
+                "src",  # the package's sources (src/rmm_fences), C++ headers included
                 "pyproject.toml",
                 "CMakeLists.txt",
             ],
