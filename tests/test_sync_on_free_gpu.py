@@ -482,7 +482,7 @@ def test_parked_free_on_a_per_thread_stream_is_not_released_by_another_thread(cu
             # A lives until B is done and leaves its stream idle: once a process has used
             # cudaMallocAsync (CuPy's or rmm's async pools), a thread that exits while a kernel
             # still runs on its per-thread default stream makes other threads' next CUDA calls
-            # block for good (tools/ptds_exit_hang.py; docs/index.md, stream rules).
+            # block for good (docs/index.md, stream rules; docs/data/trust/ptds_exit_hang.txt).
             done.wait(30)
             ptds.synchronize()
 
