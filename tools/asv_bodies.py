@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run asv benchmark bodies once, without asv, as JSON lines; render them as markdown tables.
 
-On a GPU host (one device call, where asv's process per benchmark costs too much), the
-bodies of asv_bench/benchmarks/:
+On a CUDA machine (where asv's process per benchmark costs too much time), the bodies of
+asv_bench/benchmarks/:
 
     python tools/asv_bodies.py run replay  > replay.jsonl   # asv's replay.py
     python tools/asv_bodies.py run streams > streams.jsonl  # asv's streams.py
