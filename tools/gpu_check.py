@@ -66,10 +66,10 @@ PYTEST_SUMMARY = re.compile(r"^=+ (.*\b(passed|failed|error|errors|skipped|no te
 # the child that reports what the parts will see: the packages, the devices, the driver
 PROBE = r"""
 import json, sys
-from importlib import metadata
+from importlib.metadata import distributions
 out = {"python": sys.version.split()[0], "executable": sys.executable, "packages": {}}
 pattern = __import__("re").compile(sys.argv[1])
-for dist in metadata.distributions():
+for dist in distributions():
     name = (dist.metadata["Name"] or "").lower().replace("_", "-")
     if pattern.match(name):
         out["packages"][name] = dist.version
@@ -175,7 +175,7 @@ def machine():
     head = git("rev-parse", "HEAD")
     if head:
         branch, subject = git("rev-parse", "--abbrev-ref", "HEAD"), git("log", "-1", "--format=%s")
-        head = f"{head} ({branch}: {subject})"
+        head = f"{head} ({branch}: {subject[:72]}{'...' if len(subject) > 72 else ''})"
         if git("status", "--porcelain", "--untracked-files=no"):
             head += " +uncommitted changes"
     info = {
@@ -481,6 +481,7 @@ def report(out, info, parts):
         ("date", info["date"]),
         ("host", info["host"]),
         *((f"GPU {i}", d) for i, d in enumerate(info.get("devices", []))),
+        *([] if info.get("devices") else [("GPU", "none found")]),
         ("nvidia-smi", "; ".join(info.get("nvidia_smi", []))),
         (
             "CUDA driver / runtime",
