@@ -47,7 +47,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -55,6 +54,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from downstream.run import kill_group  # noqa: E402 - SIGTERM, then SIGKILL, to a session
+
 PARTS = ("tests", "bench", "asv", "downstream", "doctor")
 DEFAULT_PARTS = ("tests", "bench")
 LIMITS = {"tests": 1800, "bench": 600, "asv": 1800, "downstream": 3600, "doctor": 900}
@@ -250,15 +252,7 @@ def run_part(cmd, log, limit, *, cwd=REPO, env=None, echo=True, on_timeout=None)
             timed_out = True
             if on_timeout:
                 on_timeout(proc.pid)
-            for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 30)):
-                try:
-                    os.killpg(proc.pid, sig)
-                    proc.wait(timeout=grace)
-                    break
-                except ProcessLookupError:
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            kill_group(proc)
         reader.join(timeout=30)
         if timed_out:
             f.write(f"\n=== stopped: past its time limit of {limit:g} s\n")

@@ -333,7 +333,7 @@ _lock = threading.Lock()
 _stopping = threading.Event()  # interrupted: a process killed then leaves no result
 
 
-def _kill(proc):
+def kill_group(proc):
     """SIGTERM, then SIGKILL, to the process group of a pytest started in its own session."""
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
         try:
@@ -416,7 +416,7 @@ def run_job(job, suites, out, args):
             proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill(proc)
+            kill_group(proc)
         finally:
             with _lock:
                 _running.discard(proc)
@@ -556,7 +556,7 @@ def run_all(args):
             _stopping.set()
             procs = list(_running)
         for proc in procs:
-            _kill(proc)
+            kill_group(proc)
         pool.shutdown()
         report(out)
         return 130
