@@ -26,8 +26,8 @@ Parts, in this order (``--parts``, default ``tests bench``; ``all``: every one):
   downstream  ``tools/downstream/run.py`` over the suites fetched into .downstream/ by
               tools/downstream/fetch_sources.sh (or ``--suite NAME=PATH``), output in
               DIR/downstream, with ``--resume`` and a ``--deadline`` inside the time limit:
-              the same command again continues an interrupted run. ``--downstream-args``:
-              more options (``"--jobs 8 --chains pool"``).
+              the same command again continues an interrupted or unfinished run.
+              ``--downstream-args``: more options (``"--jobs 8 --chains pool"``).
   doctor      ``rmm-fences doctor --quick`` (the hazard matrix), as JSON in DIR/doctor.json.
 
 DIR receives report.md (the commit, the GPU, the driver and the package versions, then a
@@ -150,7 +150,12 @@ def parse_args(argv):
         "machine: the parts then fail)",
     )
     args = p.parse_args(argv)
-    args.pytest_args = pytest_args
+    args.pytest_args = pytest_args  # the parts run in the checkout's root: paths from there
+    for i, suite in enumerate(args.suite):  # NAME=PATH from here
+        name, sep, path = suite.partition("=")
+        if not sep:
+            p.error(f"--suite {suite!r}: expected NAME=PATH")
+        args.suite[i] = f"{name}={Path(path).resolve()}"
     args.parts = [q for q in PARTS if q in args.parts or "all" in args.parts]
     args.limits = dict(LIMITS)
     for item in args.limit:
@@ -447,14 +452,19 @@ def part_downstream(args, out):
         for suite, chains in summary["results"].items()
         for chain, e in chains.items()
     ]
-    bad = [r for r in rows if r["regressions"] or r["crashes"] or r["pending"]]
+    bad = any(r["regressions"] or r["crashes"] for r in rows)
+    pending = any(r["pending"] for r in rows)
     result = (
         f"{sum(r['regressions'] for r in rows)} regressions, {sum(r['crashes'] for r in rows)} "
         f"crashes, {sum(r['pending'] for r in rows)} files not finished over {len(rows)} "
         f"suite/chain pairs (downstream/summary.md)"
         + ("; fake run (RMM_FENCES_DS_FAKE=1)" if summary.get("fake") else "")
     )
-    return run, status(run, run["rc"] == 0 and not bad), result, {"rows": rows}
+    state = status(run, run["rc"] == 0 and not bad and not pending)
+    if pending and not bad:  # the deadline came first: the same command again goes on
+        state = "not finished"
+        result += "; the same command again runs the rest (--resume)"
+    return run, state, result, {"rows": rows}
 
 
 def part_doctor(args, out):
