@@ -2,7 +2,6 @@
 """benchmarks/alloc_free_pairs.py (allocate + deallocate per pair, from Python and in the
 native loop, per spec): its arguments without a GPU, its rows on a GPU (``gpu`` tests)."""
 
-import pathlib
 import subprocess
 import sys
 
@@ -10,7 +9,9 @@ import pytest
 
 from rmm_fences._cuda import device_count
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "alloc_free_pairs.py"
+from helpers.paths import BENCHMARKS
+
+SCRIPT = BENCHMARKS / "alloc_free_pairs.py"
 
 
 def pairs(*args, timeout=120):

@@ -9,6 +9,7 @@ import pytest
 import rmm
 
 import rmm_fences_bench
+from helpers.paths import BENCHMARKS
 from rmm_fences_bench import _loops, alloc_free_ns
 
 LOOPS = (
@@ -35,8 +36,7 @@ def test_the_loops_are_the_benchmarks_not_the_resources_module():
         assert not hasattr(memory_resource, name)
         assert f"def {name}" in stub and f"def {name}" not in resources_stub
     assert rmm_fences_bench.alloc_free_ns is _loops.alloc_free_ns
-    benchmarks = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-    assert pathlib.Path(_loops.__file__).parent == benchmarks / "rmm_fences_bench"
+    assert pathlib.Path(_loops.__file__).parent == BENCHMARKS / "rmm_fences_bench"
 
 
 def test_benchmark_randomness_is_named_random_state():

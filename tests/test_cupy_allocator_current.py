@@ -8,7 +8,8 @@ import importlib
 
 import pytest
 import rmm
-from fake_upstream import FakeUpstream
+
+from helpers.fake_upstream import FakeUpstream
 
 
 class _CupyStream:

@@ -1,17 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """rmm_fences chains on a dask-cuda cluster: a 4+ GB CuPy reduction with the plugin."""
 
-import pathlib
-
 import pytest
 
 from rmm_fences._cuda import device_count
+
+from helpers.paths import ROW_STACK as ROW_STACK_PRELOAD
 
 pytestmark = pytest.mark.gpu
 
 # Each worker preloads it: dask-cuda's workers import cuDF where it is installed, which fails on
 # numpy 2.5 without the alias (the worker would not start).
-ROW_STACK_PRELOAD = pathlib.Path(__file__).resolve().parent / "numpy_row_stack.py"
 
 
 def test_local_cuda_cluster_with_the_plugin():

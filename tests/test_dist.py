@@ -18,8 +18,9 @@ import pytest
 
 import rmm_fences
 
+from helpers.paths import ROOT
+
 DISTRIBUTION = "rmm-fences-cu13"
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: What the extension modules may link outside the wheel: librmm.so and librapids_logger.so
 #: from the librmm-cu13 and rapids-logger wheels (not grafted: the Makefile's DIST_EXCLUDE), the
 #: rest from the system, as manylinux allows. The CUDA runtime is linked statically.

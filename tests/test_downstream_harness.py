@@ -5,17 +5,18 @@ The plugin runs with RMM_FENCES_DS_FAKE=1 (it installs nothing); the fake tests 
 RMM_FENCES_DS_CHAIN themselves to fail or crash only under a chain.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-RUN = Path(__file__).resolve().parents[1] / "tools" / "downstream" / "run.py"
+from helpers.paths import TOOLS
+from helpers.scripts import load_script
+
+RUN = TOOLS / "downstream" / "run.py"
 
 FAKE_SUITE = {
     "test_pass.py": """
@@ -245,10 +246,7 @@ def test_deadline_leaves_files_for_resume(suite, tmp_path):
 
 
 def _load_run():
-    spec = importlib.util.spec_from_file_location("downstream_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RUN, "downstream_run")
 
 
 def test_default_plan(tmp_path):

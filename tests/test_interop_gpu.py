@@ -81,10 +81,11 @@ def test_pytorch_through_rmm_allocator():
 
 
 def test_readme_example_runs():
-    import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    from helpers.paths import ROOT
+
+    readme = (ROOT / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     proc = subprocess.run(
         [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import NATIVE_TESTS
+from helpers.paths import NATIVE_TESTS
 from rmm_fences_testing import HostPointerMap, HostStreamOrderedPool
 
 NBYTES = 4096

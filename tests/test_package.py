@@ -19,6 +19,8 @@ from rmm_fences import (
 from rmm_fences._sizes import parse_bytes
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
+from helpers.paths import ROOT, VMM_CHILD
+
 
 def test_public_names():
     assert rmm_fences.__all__ == [
@@ -192,7 +194,6 @@ def test_pool_bad_sizes_name_the_argument(kwargs, name):
         StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), **kwargs)
 
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Names of what only the benchmarks and the tests use (timing loops, log replay and its reader,
 #: the host test harness, the tests' child processes): no installed file may carry one.
 NOT_SHIPPED = re.compile(r"bench|replay|alloc_log|testing|conftest|_child\b|(^|/)test_")
@@ -238,12 +239,11 @@ def test_the_wheel_installs_one_package():
 
 
 def test_the_vmm_child_runs_from_the_tests_directory():
-    child = pathlib.Path(__file__).resolve().parent / "vmm_child.py"
     res = subprocess.run(
-        [sys.executable, "-P", str(child)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-P", str(VMM_CHILD)], capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 2, res.stdout + res.stderr
-    assert "tests/vmm_child.py crash" in res.stderr
+    assert "tests/helpers/vmm_child.py crash" in res.stderr
 
 
 @pytest.mark.parametrize(
@@ -257,12 +257,11 @@ def test_the_vmm_child_runs_from_the_tests_directory():
 def test_the_source_tree_does_not_shadow_the_installed_package(command):
     """From the repository root (on sys.path, as ``python -c`` and ``-m`` put it) the installed
     package loads, with its compiled extensions: the sources live under src/."""
-    root = pathlib.Path(__file__).resolve().parents[1]
     res = subprocess.run(
-        [sys.executable, *command], cwd=root, capture_output=True, text=True, timeout=60
+        [sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert not res.stdout.startswith(str(root / "rmm_fences")), res.stdout
+    assert not res.stdout.startswith(str(ROOT / "rmm_fences")), res.stdout
 
 
 def _run_python(code):

@@ -7,10 +7,10 @@ call, so the model can check each reuse against the fences that ordered it.
 """
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from helpers.stateful import machine_settings
 from rmm_fences_testing import HostStreamOrderedPool, pool_growth_chunk
 
 STREAMS = st.sampled_from([0, 1, 2, 3, 4])
@@ -223,12 +223,7 @@ class PoolModel(RuleBasedStateMachine):
 
 
 TestPoolModel = PoolModel.TestCase
-TestPoolModel.settings = settings(
-    max_examples=600,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestPoolModel.settings = machine_settings(max_examples=600, steps=40)
 
 
 def test_same_stream_reuse_needs_no_fence():

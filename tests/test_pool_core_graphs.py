@@ -13,7 +13,6 @@ capture is live anywhere (it would invalidate a global-mode capture in another t
 """
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -24,6 +23,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from helpers.stateful import machine_settings
 from rmm_fences_testing import HostStreamOrderedPool
 
 KiB = 1 << 10
@@ -314,12 +314,7 @@ class GraphPoolModel(RuleBasedStateMachine):
 
 
 TestGraphPoolModel = GraphPoolModel.TestCase
-TestGraphPoolModel.settings = settings(
-    max_examples=400,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestGraphPoolModel.settings = machine_settings(max_examples=400, steps=30)
 
 
 def test_native_threads_with_graphs_keep_the_oracle():

@@ -13,17 +13,16 @@ steps with what PyTorch's caching allocator reserved for them on the H200
 """
 
 import json
-import pathlib
 
 import pytest
 
+from helpers.paths import DOCS_DATA, ROOT
 from rmm_fences_bench import read_allocation_log
 from rmm_fences_testing import HostStreamOrderedPool
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRACES = ROOT / "asv_bench" / "traces"
-GPU_REPLAYS = ROOT / "docs" / "data" / "replay"
-TRAINING = ROOT / "docs" / "data" / "torch" / "training.json"
+GPU_REPLAYS = DOCS_DATA / "replay"
+TRAINING = DOCS_DATA / "torch" / "training.json"
 MIB = 1 << 20
 NAMES = sorted(p.name[: -len(".csv.gz")] for p in TRACES.glob("*.csv.gz"))
 

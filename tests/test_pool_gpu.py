@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """StreamOrderedPoolMemoryResource on a real GPU."""
 
-import threading
-
 import numpy as np
 import pytest
 import rmm
 
 from rmm_fences import StreamOrderedPoolMemoryResource
+
+from helpers.fill_check import fill_check
+from helpers.threads import run_threads
 
 pytestmark = pytest.mark.gpu
 
@@ -64,38 +65,22 @@ def test_threads_and_streams_with_real_kernels(cupy, scenarios):
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(8)]
     rstreams = [rs(s) for s in streams]
     errors = cupy.zeros(1, dtype=cupy.uint64)
-    failures = []
 
     def worker(tid):
-        rng = np.random.default_rng(2000 + tid)
-        live = []
-        try:
-            for _ in range(20_000):
-                if live and (len(live) > 32 or rng.random() < 0.5):
-                    ptr, nbytes, s, pattern = live.pop(int(rng.integers(len(live))))
-                    scenarios.check(ptr, nbytes // 4, pattern, errors, streams[s])
-                    t = int(rng.integers(8))
-                    if t != s:  # free on another stream, ordered after the check
-                        streams[t].wait_event(streams[s].record())
-                    pool.deallocate(ptr, nbytes, rstreams[t])
-                else:
-                    nbytes = int(rng.integers(1, 1 << 16)) * 4
-                    s = int(rng.integers(8))
-                    pattern = int(rng.integers(1, 2**32))
-                    ptr = pool.allocate(nbytes, rstreams[s])
-                    scenarios.fill(ptr, nbytes // 4, pattern, streams[s])
-                    live.append((ptr, nbytes, s, pattern))
-            for ptr, nbytes, s, pattern in live:
-                scenarios.check(ptr, nbytes // 4, pattern, errors, streams[s])
-                pool.deallocate(ptr, nbytes, rstreams[s])
-        except Exception as exc:  # pragma: no cover - reported below
-            failures.append(exc)
+        fill_check(
+            pool,
+            scenarios,
+            streams,
+            rstreams,
+            errors,
+            seed=2000 + tid,
+            ops=20_000,
+            max_live=32,
+            max_words=1 << 16,
+            free_elsewhere=True,  # some freed on another stream after an event wait
+        )
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    failures = run_threads(8, worker)
     assert not failures
     for s in streams:
         s.synchronize()

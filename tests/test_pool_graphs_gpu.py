@@ -434,7 +434,7 @@ def _global_capture_elsewhere(cupy, kernels, rng, count=1 << 20):
         finish.set()
         thread.join(60)
         if thread.is_alive():
-            from conftest import dump_stacks
+            from helpers.threads import dump_stacks
 
             dump_stacks("the capturing thread is still running after 60 s")
     assert not thread.is_alive()

@@ -8,7 +8,7 @@ The chain is rmm's current device resource during each test (cuDF, pylibcudf and
 through it) and the Polars engine's ``memory_resource``. The tracker raises on a hazard; at the
 end of each test it must have seen none. Needs cuDF, pylibcudf and cudf-polars: without them
 the tests skip, naming the stack (RMM_FENCES_ALLOW_MISSING=cudf lets a GPU host run without it
-pass; see tests/conftest.py).
+pass; see tests/helpers/gate.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import rmm
 
 from rmm_fences.specs import compose
 
-from conftest import optional_stack_missing
+from helpers.gate import optional_stack_missing
 
 pytestmark = pytest.mark.gpu
 
@@ -39,7 +39,7 @@ def _import(name):
     """``name`` imported, or the test skipped naming the optional stack it belongs to."""
     import importlib
 
-    import numpy_row_stack  # noqa: F401  (before cuDF loads numba-cuda)
+    from helpers import numpy_row_stack  # noqa: F401  (before cuDF loads numba-cuda)
 
     try:
         return importlib.import_module(name)

@@ -9,70 +9,22 @@ import rmm
 from rmm_fences import (
     HazardTrackingResourceAdaptor,
     StreamOrderedPoolMemoryResource,
-    SyncOnFreeResourceAdaptor,
 )
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
+from helpers.reduce_cases import (
+    ALL_CHAINS,
+    BOUND,
+    DTYPES,
+    check_sum,
+    fresh,
+    lowest,
+    make_chain,
+)
+
 pytestmark = pytest.mark.gpu
 
-DTYPES = ("float32", "float64", "int32", "int64")
-BOUND = {"int32": 1000, "int64": 10**9}
 SIZES = (0, 1, 1023, (1 << 20) + 7, 64 << 20)
-
-CHAINS = {
-    "cuda": lambda: rmm.mr.CudaMemoryResource(),
-    "cuda_async": lambda: rmm.mr.CudaAsyncMemoryResource(),
-    "rmm_pool": lambda: rmm.mr.PoolMemoryResource(
-        rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 28
-    ),
-    "rmm_fences_pool": lambda: StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource()),
-    **{
-        f"sync_on_free_{mode}(naive_cache)": (
-            lambda mode=mode: SyncOnFreeResourceAdaptor(
-                NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource()), mode=mode
-            )
-        )
-        for mode in ("device", "stream", "deferred")
-    },
-}
-
-
-def make_chain(name):
-    if name.startswith("tracking("):
-        return HazardTrackingResourceAdaptor(CHAINS[name[9:-1]](), on_hazard="raise")
-    return CHAINS[name]()
-
-
-ALL_CHAINS = list(CHAINS) + [f"tracking({c})" for c in CHAINS]
-
-
-@pytest.fixture(scope="module")
-def reduce_mod(cupy):
-    from rmm_fences import reduce
-
-    return reduce
-
-
-def fresh(cupy, n, dtype, rng):
-    """New random data on the device: floats around 1, integers of both signs."""
-    g = cupy.random.RandomState(int(rng.integers(1 << 62)))
-    if dtype.startswith("float"):
-        x = (g.standard_normal(n, dtype=cupy.float64) + 1.0).astype(dtype)
-    else:
-        x = g.randint(-BOUND[dtype], BOUND[dtype], size=n, dtype=dtype)
-    cupy.cuda.Device().synchronize()  # the reduces run on other (non-blocking) streams
-    return x
-
-
-def check_sum(got, x, dtype):
-    ref = x.astype("float64").sum() if dtype.startswith("float") else x.astype("int64").sum()
-    ref = ref.item()
-    if dtype == "float32":
-        assert got == pytest.approx(ref, rel=1e-4, abs=1e-3)
-    elif dtype == "float64":
-        assert got == pytest.approx(ref, rel=1e-10, abs=1e-9)
-    else:
-        assert got == ref
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,17 +32,18 @@ def check_sum(got, x, dtype):
 def test_sum_and_max_match_the_reference(cupy, reduce_mod, rng, chain, dtype):
     mr = make_chain(chain)
     stream = cupy.cuda.Stream(non_blocking=True)
-    lowest = np.finfo(dtype).min if dtype.startswith("float") else np.iinfo(dtype).min
     for n in SIZES:
         poison = cupy.nan if dtype.startswith("float") else BOUND[dtype] + 1  # never the max
         out = cupy.full(1, poison, dtype=dtype)
         x = fresh(cupy, n, dtype, rng)
         total = reduce_mod.device_sum(x, mr=mr, stream=stream)
-        reduce_mod.device_reduce(x, out, "max", np.array(lowest, dtype=dtype), mr=mr, stream=stream)
+        reduce_mod.device_reduce(
+            x, out, "max", np.array(lowest(dtype), dtype=dtype), mr=mr, stream=stream
+        )
         stream.synchronize()
         check_sum(total.item(), x, dtype)
         assert total.shape == () and total.dtype == np.add.reduce(np.zeros(1, dtype)).dtype
-        expected_max = x.max().item() if n else lowest
+        expected_max = x.max().item() if n else lowest(dtype)
         assert out.item() == expected_max, (chain, dtype, n)
         del x
     if chain.startswith("tracking("):

@@ -6,24 +6,13 @@ inputs checked against float64 (or exact integer) references."""
 import numpy as np
 import pytest
 import rmm
-from test_reduce_gpu import ALL_CHAINS, check_sum, fresh, make_chain
+
+from helpers.reduce_cases import ALL_CHAINS, DTYPES, check_sum, fresh, lowest, make_chain
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = ("float32", "float64", "int32", "int64")
 SIZES = (0, 1, 1023, (1 << 20) + 7)
 CALLS = 3  # inputs per plan
-
-
-@pytest.fixture(scope="module")
-def reduce_mod(cupy):
-    from rmm_fences import reduce
-
-    return reduce
-
-
-def lowest(dtype):
-    return np.finfo(dtype).min if dtype.startswith("float") else np.iinfo(dtype).min
 
 
 def poison(cupy, dtype, end):

@@ -8,24 +8,23 @@ import importlib
 import importlib.util
 import io
 import json
-import pathlib
 import sys
 
 import pytest
-from test_replay import RMM_LOG
 
 from rmm_fences.specs import parse_spec
 
+from helpers.paths import ASV_BENCHMARKS, DOCS, DOCS_DATA, TOOLS
+from helpers.rmm_log import RMM_LOG
+from helpers.scripts import load_script
 from rmm_fences_bench import Trace, read_allocation_log, with_footprint, write_allocation_log
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def asv_module(name):
     """A module of asv_bench/benchmarks, imported as a package of its own (relative imports)."""
     package = "rmm_fences_asv_benchmarks"
     if package not in sys.modules:
-        root = ROOT / "asv_bench" / "benchmarks"
+        root = ASV_BENCHMARKS
         spec = importlib.util.spec_from_file_location(
             package, root / "__init__.py", submodule_search_locations=[str(root)]
         )
@@ -36,12 +35,7 @@ def asv_module(name):
 
 
 def recorder():
-    spec = importlib.util.spec_from_file_location(
-        "record_traces", ROOT / "tools" / "record_traces.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(TOOLS / "record_traces.py")
 
 
 def test_asv_replay_finds_traces_or_none(tmp_path):
@@ -127,24 +121,21 @@ def test_recorder_cuts_and_compresses_an_rmm_log(tmp_path):
 
 
 def asv_bodies():
-    spec = importlib.util.spec_from_file_location("asv_bodies", ROOT / "tools" / "asv_bodies.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(TOOLS / "asv_bodies.py")
 
 
 def test_replay_table_renders_the_published_results(capsys):
     """docs/performance.md's replay tables come from this file through this command."""
-    data = ROOT / "docs" / "data" / "replay" / "replay_2026-12-01_a7c1ec2.jsonl"
+    data = DOCS_DATA / "replay" / "replay_2026-12-01_a7c1ec2.jsonl"
     assert asv_bodies().main(["table", "replay", str(data)]) == 0
     out = capsys.readouterr().out
     row = "| torch_gpt2_small_train | 9071 | 1.03 M | 4.6x | 2.7x | 10766 | 18846 | 9664 | 0.57x |"
     assert row + " 0 |" in out
-    assert out in (ROOT / "docs" / "performance.md").read_text()
+    assert out in (DOCS / "performance.md").read_text()
 
 
 def test_only_the_replay_table_has_a_chart(tmp_path):
-    data = ROOT / "docs" / "data" / "bench" / "streams_2026-12-01_17c2ee4.jsonl"
+    data = DOCS_DATA / "bench" / "streams_2026-12-01_17c2ee4.jsonl"
     with pytest.raises(SystemExit):
         asv_bodies().main(["table", "streams", str(data), "--png", str(tmp_path / "x.png")])
     assert not (tmp_path / "x.png").exists()
@@ -168,9 +159,7 @@ def test_dataframe_table_gives_each_chain_over_cudaasync_and_the_pdsh_summary(tm
 
 
 def test_ab_summary_gives_the_median_ratio_and_quartiles_per_measurement():
-    spec = importlib.util.spec_from_file_location("ab_builds", ROOT / "tools" / "ab_builds.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = load_script(TOOLS / "ab_builds.py")
     pair = {"pair": "pool(cuda_async)", "nbytes": 1 << 20}
     rows = [{"round": r, **pair, "a": 100.0, "b": 100.0 + 2 * r} for r in range(5)]
     replay = {"replay": "reduce_1m", "chain": "rmm_fences_pool"}

@@ -4,10 +4,10 @@ checked against a Python list: pushes, pops, erases and inserts on either side o
 across the wrap of the circular array, growth and shrinking."""
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from helpers.stateful import machine_settings
 from rmm_fences_testing import HostRingDeque
 
 MIN_CAPACITY = 8
@@ -75,12 +75,7 @@ class RingDequeModel(RuleBasedStateMachine):
 
 
 TestRingDequeModel = RingDequeModel.TestCase
-TestRingDequeModel.settings = settings(
-    max_examples=300,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestRingDequeModel.settings = machine_settings(max_examples=300, steps=60)
 
 
 def test_a_queue_that_wraps_keeps_its_storage():

@@ -12,11 +12,12 @@ import pkgutil
 
 import pytest
 import rmm
-from fake_upstream import FakeUpstream
 
 import rmm_fences
 from rmm_fences import StreamOrderedPoolMemoryResource
 from rmm_fences._cuda import device_count
+
+from helpers.fake_upstream import FakeUpstream
 
 SRC = pathlib.Path(rmm_fences.__file__).parent
 

@@ -6,13 +6,14 @@ runs rmm.statistics on a GPU)."""
 import pytest
 import rmm
 import rmm.statistics
-from fake_upstream import FakeUpstream
 
 from rmm_fences import (
     HazardTrackingResourceAdaptor,
     StreamOrderedPoolMemoryResource,
     SyncOnFreeResourceAdaptor,
 )
+
+from helpers.fake_upstream import FakeUpstream
 
 
 def _pool(up):

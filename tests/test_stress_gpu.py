@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from conftest import BENCHMARKS
+from helpers.paths import BENCHMARKS
 
 SECONDS = float(os.environ.get("RMM_FENCES_STRESS_SECONDS", "5"))
 THREADS = 8

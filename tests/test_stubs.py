@@ -16,6 +16,8 @@ import pytest
 
 from rmm_fences._lib import memory_resource as mod
 
+from helpers.paths import ROOT
+
 LIB = pathlib.Path(mod.__file__).parent
 STUB = ast.parse((LIB / "memory_resource.pyi").read_text())
 
@@ -100,7 +102,7 @@ def test_the_stub_bases_are_the_module_bases():
 def _pxd_structs():
     text = (LIB / "_cores.pxd").read_text() if (LIB / "_cores.pxd").exists() else None
     if text is None:  # an installed package holds no .pxd: read the source tree's
-        text = (pathlib.Path(__file__).parents[1] / "src/rmm_fences/_lib/_cores.pxd").read_text()
+        text = (ROOT / "src/rmm_fences/_lib/_cores.pxd").read_text()
     structs = {}
     for m in re.finditer(r"cdef struct (\w+):\n((?:        .*\n)+)", text):
         structs[m.group(1)] = [line.split()[-1] for line in m.group(2).splitlines()]

@@ -8,7 +8,6 @@ differs (a fence board instead of CUDA events, a byte-limited host allocator as 
 import math
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -18,6 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from helpers.stateful import machine_settings
 from rmm_fences_testing import HostSyncOnFree
 
 STREAMS = st.sampled_from([1, 2, 3])  # 2: the per-thread default stream of each thread
@@ -228,12 +228,7 @@ class SyncOnFreeModel(RuleBasedStateMachine):
 
 
 TestSyncOnFreeModel = SyncOnFreeModel.TestCase
-TestSyncOnFreeModel.settings = settings(
-    max_examples=300,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestSyncOnFreeModel.settings = machine_settings(max_examples=300, steps=50)
 
 
 def test_block_waits_for_its_fence_then_goes_upstream():

@@ -12,7 +12,8 @@ import rmm
 from rmm_fences import SyncOnFreeResourceAdaptor
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
-from conftest import dump_stacks
+from helpers.fill_check import fill_check
+from helpers.threads import dump_stacks, run_threads
 
 pytestmark = pytest.mark.gpu
 
@@ -249,35 +250,21 @@ def test_many_threads_and_streams_over_rmm_pool(cupy, scenarios):
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
     rstreams = [rmm_stream(s) for s in streams]
     errors = cupy.zeros(1, dtype=cupy.uint64)
-    failures = []
 
     def worker(tid):
-        rng = np.random.default_rng(1000 + tid)
-        live = []
-        try:
-            for _i in range(10_000):
-                if live and (len(live) > 16 or rng.random() < 0.5):
-                    ptr, nbytes, s, pattern = live.pop(int(rng.integers(len(live))))
-                    scenarios.check(ptr, nbytes // 4, pattern, errors, streams[s])
-                    mr.deallocate(ptr, nbytes, rstreams[s])
-                else:
-                    nbytes = int(rng.integers(1, 1 << 18)) * 4
-                    s = int(rng.integers(4))
-                    pattern = int(rng.integers(1, 2**32))
-                    ptr = mr.allocate(nbytes, rstreams[s])
-                    scenarios.fill(ptr, nbytes // 4, pattern, streams[s])
-                    live.append((ptr, nbytes, s, pattern))
-            for ptr, nbytes, s, pattern in live:
-                scenarios.check(ptr, nbytes // 4, pattern, errors, streams[s])
-                mr.deallocate(ptr, nbytes, rstreams[s])
-        except Exception as exc:  # pragma: no cover - reported below
-            failures.append(exc)
+        fill_check(
+            mr,
+            scenarios,
+            streams,
+            rstreams,
+            errors,
+            seed=1000 + tid,
+            ops=10_000,
+            max_live=16,
+            max_words=1 << 18,
+        )
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    failures = run_threads(8, worker)
     assert not failures
     for s in streams:
         s.synchronize()

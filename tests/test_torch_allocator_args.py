@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""rmm_fences.allocators.torch against a fake ``torch`` (tests/torch_child.py): no GPU, no
+"""rmm_fences.allocators.torch against a fake ``torch`` (tests/helpers/torch_child.py): no GPU, no
 PyTorch.
 
 The compiled ``_torch`` module is real. Installing is once per process for good, so every
@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
-from torch_child import fake_torch
 
-CHILD = pathlib.Path(__file__).resolve().parent / "torch_child.py"
+from helpers.paths import TORCH_CHILD as CHILD
+from helpers.torch_child import fake_torch
 
 TORCH_KEYS = {
     "allocated_bytes.all.current",

@@ -6,10 +6,9 @@ platform (a log of fence calls instead of CUDA events) and the upstream (byte-li
 memory) differ. Streams are plain handles; the allocation stream is 1 unless said otherwise.
 """
 
-import threading
-
 import pytest
 
+from helpers.threads import run_threads
 from rmm_fences_testing import HostTorchAllocator
 
 ALLOC_STREAM = 1
@@ -281,23 +280,15 @@ def test_real_threads_allocating_recording_and_freeing_under_faults(random_state
 def test_interleaved_python_threads_keep_the_counters_consistent():
     h = HostTorchAllocator()
     n_threads, rounds = 8, 400
-    errors = []
 
     def worker(t):
-        try:
-            own = 100 + t
-            for i in range(rounds):
-                p = h.allocate(64 + i, own)
-                h.record_stream(p, 100 + (t + 1) % n_threads)
-                h.deallocate(p, 64 + i, own)
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        own = 100 + t
+        for i in range(rounds):
+            p = h.allocate(64 + i, own)
+            h.record_stream(p, 100 + (t + 1) % n_threads)
+            h.deallocate(p, 64 + i, own)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    errors = run_threads(n_threads, worker)
     assert errors == []
     s = h.stats
     total = n_threads * rounds

@@ -537,10 +537,11 @@ def test_every_kind_has_a_message():
 
 def _doc_table_kinds(doc, header):
     """The backticked names in the first column of the table under ``header`` in docs/."""
-    import pathlib
     import re
 
-    text = (pathlib.Path(__file__).parents[1] / "docs" / doc).read_text()
+    from helpers.paths import DOCS
+
+    text = (DOCS / doc).read_text()
     table = text[text.index(header) :].split("\n\n")[0]
     return [m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", table, re.M)]
 

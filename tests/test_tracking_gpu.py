@@ -24,9 +24,10 @@ from rmm_fences import (
 )
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
-pytestmark = pytest.mark.gpu
+from helpers.paths import SANITIZER_CHILD
+from helpers.threads import run_threads
 
-HERE = pathlib.Path(__file__).parent
+pytestmark = pytest.mark.gpu
 
 
 def rmm_stream(s):
@@ -378,28 +379,20 @@ def test_many_threads_and_streams_stay_consistent(cupy):
         on_hazard="record",
     )
     streams = [rmm_stream(cupy.cuda.Stream(non_blocking=True)) for _ in range(4)]
-    errors = []
 
     def work(k):
-        try:
-            rng = np.random.default_rng(k)
-            held = []
-            for i in range(3000):
-                s = streams[(k + i) % len(streams)]
-                size = int(rng.integers(1, 1 << 16))
-                held.append((mr.allocate(size, s), size, s))
-                if len(held) > 16:
-                    mr.deallocate(*held.pop(int(rng.integers(len(held)))))
-            for args in held:
-                mr.deallocate(*args)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        rng = np.random.default_rng(k)
+        held = []
+        for i in range(3000):
+            s = streams[(k + i) % len(streams)]
+            size = int(rng.integers(1, 1 << 16))
+            held.append((mr.allocate(size, s), size, s))
+            if len(held) > 16:
+                mr.deallocate(*held.pop(int(rng.integers(len(held)))))
+        for args in held:
+            mr.deallocate(*args)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(8, work)
     assert errors == []
     assert mr.hazards == [] and mr.allocated_bytes == 0 and mr.outstanding() == []
     assert mr.stats["allocations"] == mr.stats["deallocations"] == 8 * 3000
@@ -421,7 +414,7 @@ def test_compute_sanitizer_sees_out_of_bounds_writes_inside_the_pool(annotate):
     sanitizer = _sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer is not installed on this host")
-    child = HERE / "sanitizer_child.py"
+    child = SANITIZER_CHILD
     env = dict(os.environ)
     res = subprocess.run(
         [

@@ -3,7 +3,6 @@
 child process, and fixed by SyncOnFreeResourceAdaptor(mode="deferred")."""
 
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -13,9 +12,9 @@ import rmm
 
 from rmm_fences.unsafe import UnmappingVmmMemoryResource
 
-pytestmark = pytest.mark.gpu
+from helpers.paths import VMM_CHILD
 
-VMM_CHILD = pathlib.Path(__file__).resolve().parent / "vmm_child.py"
+pytestmark = pytest.mark.gpu
 
 
 def child(*args, timeout=300):

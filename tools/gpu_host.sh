@@ -17,7 +17,7 @@ mkdir -p "$out"
 . .whl/install.sh || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .dist/*.whl || exit 1
 export PYTHONUNBUFFERED=1
-export RMM_FENCES_REQUIRE_GPU=1  # tests/conftest.py: a gpu test that skips here fails
+export RMM_FENCES_REQUIRE_GPU=1  # tests/helpers/gate.py: a gpu test that skips here fails
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null || which compute-sanitizer || echo "no compute-sanitizer"
 python3 -c "import rmm, cupy, rmm_fences; print('rmm', rmm.__version__, 'cupy', cupy.__version__, 'rmm_fences', rmm_fences.__version__)"

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The VMM scenarios, each in its own process: a fault loses the CUDA context for good.
 
-    python -P tests/vmm_child.py crash            free while a kernel reads: error 700
-    python -P tests/vmm_child.py fenced TRIALS    the race over SyncOnFree(deferred): no fault
+    python -P tests/helpers/vmm_child.py crash          free while a kernel reads: error 700
+    python -P tests/helpers/vmm_child.py fenced TRIALS  the race over SyncOnFree(deferred)
 
 The last line printed is a JSON object: scenario, error (the CUDA error or null), corrupted,
 trials. ``crash`` exits 3 when the kernel faulted, 0 when it did not; ``fenced`` exits 0 when

@@ -1,20 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""tests/conftest.py's gate: under RMM_FENCES_REQUIRE_GPU=1 a ``gpu`` test that skips fails.
+"""The GPU gate (tests/helpers/gate.py, registered by tests/conftest.py): under
+RMM_FENCES_REQUIRE_GPU=1 a ``gpu`` test that skips fails.
 
-Runs the repository's conftest against small generated test files (pytester, each run in a
+Runs the gate as the conftest of small generated test files (pytester, each run in a
 subprocess: an in-process run drops the modules it imported from ``sys.modules`` afterwards,
 which breaks later imports such as ``dask.array``), with the device probe set by
 ``GATE_DEVICES`` where the case needs it, so it runs the same on a machine with or without a
 GPU.
 """
 
-import pathlib
-
 import pytest
+
+from helpers.paths import HELPERS
 
 pytest_plugins = ["pytester"]
 
-# The device probe the repository's conftest imports, set from GATE_DEVICES before it does.
+# The device probe the gate imports, set from GATE_DEVICES before it does.
 PROBE = """
 import os
 import rmm_fences._cuda as _cuda
@@ -22,7 +23,7 @@ if "GATE_DEVICES" in os.environ:
     _cuda.device_count = lambda: int(os.environ["GATE_DEVICES"])
     _cuda.no_device_reason = lambda: "no CUDA device found"
 """
-CONFTEST = PROBE + (pathlib.Path(__file__).parent / "conftest.py").read_text()
+CONFTEST = PROBE + (HELPERS / "gate.py").read_text()
 INI = """
 [pytest]
 markers =
@@ -54,7 +55,9 @@ def test_gpu_xfail():
 
 
 @pytest.fixture
-def gate(pytester, monkeypatch):
+def gate(pytester, monkeypatch, request):
+    # the gate under test is the one this run has (tests/conftest.py registers it)
+    assert request.config.pluginmanager.has_plugin("helpers.gate")
     pytester.makeconftest(CONFTEST)
     pytester.makeini(INI)
     monkeypatch.delenv("RMM_FENCES_REQUIRE_GPU", raising=False)

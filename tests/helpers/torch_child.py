@@ -3,15 +3,17 @@
 scenarios that install the allocator, each in its own process (installing is once per process,
 for good, in rmm_fences as in PyTorch).
 
-    python tests/torch_child.py install-resource   install(CudaMemoryResource(), device=0)
-    python tests/torch_child.py install-none       install() (rmm's resource of each device)
-    python tests/torch_child.py install-pool       install(SyncOnFree(pool(cuda)), device=0)
-    python tests/torch_child.py no-torch-import    import rmm_fences and the module only
-    python tests/torch_child.py mem-pool-resource VERSION   mem_pool(CudaMemoryResource(), device=0)
-                                                   and what may follow it, under torch VERSION
-    python tests/torch_child.py mem-pool-none      mem_pool() (rmm's resource of each device)
-    python tests/torch_child.py mem-pool-spec      mem_pool("cuda", device=0), then other specs
-    python tests/torch_child.py install-then-mem-pool   install(), then mem_pool()
+    python tests/helpers/torch_child.py SCENARIO [ARGS]
+
+    install-resource            install(CudaMemoryResource(), device=0)
+    install-none                install() (rmm's resource of each device)
+    install-pool                install(SyncOnFree(pool(cuda)), device=0)
+    no-torch-import             import rmm_fences and the module only
+    mem-pool-resource VERSION   mem_pool(CudaMemoryResource(), device=0)
+                                and what may follow it, under torch VERSION
+    mem-pool-none               mem_pool() (rmm's resource of each device)
+    mem-pool-spec               mem_pool("cuda", device=0), then other specs
+    install-then-mem-pool       install(), then mem_pool()
 
 The last line printed is a JSON object of what the scenario saw. No GPU is needed: the fake
 ``CUDAPluggableAllocator`` does what PyTorch 2.11's does (``ctypes.CDLL`` of the path, the

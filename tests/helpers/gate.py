@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The GPU gate, a pytest plugin (tests/conftest.py registers it): a test marked ``gpu`` skips,
+with the reason, where no CUDA device is found; under RMM_FENCES_REQUIRE_GPU=1 (the GPU host's
+run) a ``gpu`` test that skips, or a GPU test module (``*_gpu.py``) skipped as a whole, fails
+instead.
+
+Self-contained on purpose (pytest, the standard library and ``rmm_fences._cuda`` only):
+tests/test_gpu_gate.py runs this file's text as the conftest of generated test files.
+"""
+
+import os
+
+import pytest
+
+from rmm_fences._cuda import device_count, no_device_reason
+
+#: Set to 1 on a GPU host: a ``gpu`` test that skips (no device found, or a skip at run time)
+#: fails instead, so a run cannot pass with GPU tests quietly left out.
+REQUIRE_GPU = "RMM_FENCES_REQUIRE_GPU"
+
+
+#: Optional stacks a GPU host run may lack (comma-separated, e.g. ``cudf``): a gpu test that
+#: skips with ``optional_stack_missing``'s reason for one of them stays skipped even with
+#: REQUIRE_GPU=1, and says which stack in its reason.
+ALLOW_MISSING = "RMM_FENCES_ALLOW_MISSING"
+
+
+def _gpu_required() -> bool:
+    return os.environ.get(REQUIRE_GPU, "") == "1"
+
+
+def optional_stack_missing(stack: str, why: str) -> str:
+    """The skip reason of a gpu test that needs the optional ``stack`` (not installed)."""
+    return f"needs the optional stack {stack!r} (not installed: {why})"
+
+
+def _allowed_skip(reason: str) -> bool:
+    allowed = (s.strip() for s in os.environ.get(ALLOW_MISSING, "").split(","))
+    return any(s and f"needs the optional stack {s!r} " in reason for s in allowed)
+
+
+def _is_gpu_test(item) -> bool:
+    # the marker, not item.keywords: keywords hold every parent's name (a checkout in a
+    # directory named "gpu" would match)
+    return item.get_closest_marker("gpu") is not None
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def pytest_collection_modifyitems(config, items):
+    if device_count() > 0:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {no_device_reason()}")
+    for item in items:
+        if _is_gpu_test(item):
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        report.skipped
+        and not hasattr(report, "wasxfail")
+        and _is_gpu_test(item)
+        and _gpu_required()
+        and not _allowed_skip(_skip_reason(report))
+    ):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"gpu test skipped while {REQUIRE_GPU}=1 (a GPU host run may skip "
+            f"no gpu test): {_skip_reason(report)}"
+        )
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    # a GPU test module skipped as a whole (pytest.importorskip or pytest.skip at module level)
+    if (
+        report.skipped
+        and isinstance(collector, pytest.Module)
+        and collector.path.name.endswith("_gpu.py")
+        and _gpu_required()
+        and not _allowed_skip(_skip_reason(report))
+    ):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"gpu test module {collector.path.name} skipped while "
+            f"{REQUIRE_GPU}=1 (a GPU host run may skip no gpu test): "
+            f"{_skip_reason(report)}"
+        )
