@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The test suite's root conftest: the GPU gate and the shared fixtures come from the helpers
 package (tests/helpers), registered here as plugins; the report's header says where the
-in-place native modules were built."""
-
-import sys
+in-place native modules were built. What the tests import from the checkout (helpers, the host
+test harness, the benchmarks' library) pytest puts on sys.path: pyproject.toml's
+``[tool.pytest.ini_options] pythonpath``."""
 
 import pytest
 
@@ -11,9 +11,6 @@ import pytest
 pytest.register_assert_rewrite("helpers")
 
 from helpers.paths import BENCHMARKS, NATIVE_TESTS  # noqa: E402
-
-sys.path.insert(0, str(NATIVE_TESTS))
-sys.path.insert(0, str(BENCHMARKS))
 
 pytest_plugins = ("helpers.gate", "helpers.fixtures")
 

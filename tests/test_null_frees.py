@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers.paths import NATIVE_TESTS
+from helpers.children import child_env
 from rmm_fences_testing import HostPointerMap, HostStreamOrderedPool
 
 NBYTES = 4096
@@ -78,8 +78,6 @@ def test_null_free_on_an_empty_pool_changes_nothing(nbytes):
 # among its own) probes for ever with the slot lock held. A child process, so that such a hang
 # fails the test at the timeout instead of stopping the run.
 HANG_SEQUENCE = """
-import sys
-sys.path.insert(0, sys.argv[1])
 from rmm_fences_testing import HostStreamOrderedPool
 pool = HostStreamOrderedPool()
 live = [pool.allocate(4096, 1) for _ in range(64)]
@@ -97,10 +95,11 @@ print("current_bytes", pool.stats["current_bytes"], "violations", len(pool.viola
 def test_cross_stream_free_returns_after_null_frees_among_128_live_blocks():
     try:
         res = subprocess.run(
-            [sys.executable, "-P", "-c", HANG_SEQUENCE, str(NATIVE_TESTS)],
+            [sys.executable, "-P", "-c", HANG_SEQUENCE],
             capture_output=True,
             text=True,
             timeout=60,
+            env=child_env(),  # the host test harness, as this process imports it
         )
     except subprocess.TimeoutExpired:
         pytest.fail("the cross-stream free after 64 null frees did not return within 60 s")

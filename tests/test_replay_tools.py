@@ -5,33 +5,22 @@ specs, cutting and compressing an rmm log) does."""
 
 import gzip
 import importlib
-import importlib.util
 import io
 import json
-import sys
 
 import pytest
 
 from rmm_fences.specs import parse_spec
 
-from helpers.paths import ASV_BENCHMARKS, DOCS, DOCS_DATA, TOOLS
+from helpers.paths import DOCS, DOCS_DATA, TOOLS
 from helpers.rmm_log import RMM_LOG
 from helpers.scripts import load_script
 from rmm_fences_bench import Trace, read_allocation_log, with_footprint, write_allocation_log
 
 
 def asv_module(name):
-    """A module of asv_bench/benchmarks, imported as a package of its own (relative imports)."""
-    package = "rmm_fences_asv_benchmarks"
-    if package not in sys.modules:
-        root = ASV_BENCHMARKS
-        spec = importlib.util.spec_from_file_location(
-            package, root / "__init__.py", submodule_search_locations=[str(root)]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[package] = module
-        spec.loader.exec_module(module)
-    return importlib.import_module(f"{package}.{name}")
+    """A module of asv_bench/benchmarks: the package ``benchmarks``, as asv imports it."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def recorder():

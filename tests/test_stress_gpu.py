@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from helpers.paths import BENCHMARKS
+from helpers.children import child_env
 
 SECONDS = float(os.environ.get("RMM_FENCES_STRESS_SECONDS", "5"))
 THREADS = 8
@@ -70,14 +70,12 @@ CHILD = textwrap.dedent(
 
 
 def run_stress(chain):
-    # the child imports the benchmarks' library from the checkout, as this process does
-    path = os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")]))
     res = subprocess.run(
         [sys.executable, "-P", "-c", CHILD, chain, str(SECONDS), str(THREADS)],
         capture_output=True,
         text=True,
         timeout=SECONDS * 3 + 240,
-        env=dict(os.environ, PYTHONPATH=path),
+        env=child_env(),  # the benchmarks' library from the checkout, as this process has it
     )
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     stats = json.loads(lines[-1]) if lines else None

@@ -5,16 +5,12 @@ absent under ours, the rules of choosing the allocator, and a training step of e
 with the same losses as under PyTorch's own allocator."""
 
 import math
-import pathlib
-import sys
 
 import pytest
 
+from benchmarks import _torch_workloads as workloads
+
 pytestmark = pytest.mark.gpu
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "asv_bench" / "benchmarks"))
-
-import _torch_workloads as workloads  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

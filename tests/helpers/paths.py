@@ -15,8 +15,6 @@ NATIVE_TESTS = TESTS / "native"
 #: whose native loops ``make install`` builds in place (CMake option
 #: RMM_FENCES_BUILD_BENCHMARKS=ON); no part of the installed package either.
 BENCHMARKS = ROOT / "benchmarks"
-#: The asv suite (imported by the tests as the package ``benchmarks``, as asv imports it).
-ASV_BENCHMARKS = ROOT / "asv_bench" / "benchmarks"
 TOOLS = ROOT / "tools"
 DOCS = ROOT / "docs"
 DOCS_DATA = DOCS / "data"
