@@ -123,6 +123,24 @@ def test_under_the_variable_a_skipped_gpu_module_fails(gate, monkeypatch):
         def test_never_collected():
             pass
     """,
+        # a GPU module by its marker alone, whatever its name
+        test_subject="""
+        import pytest
+        pytest.skip("cuDF is not installed", allow_module_level=True)
+
+        @pytest.mark.gpu
+        def test_never_collected():
+            pass
+    """,
+        # a CPU module skipped as a whole stays a skip (a string naming the marker is no mark)
+        test_cpu_skipped="""
+        import pytest
+        pytest.importorskip("another_module_that_is_not_installed")
+        MARK = "pytest.mark.gpu"
+
+        def test_never_collected():
+            pass
+    """,
         test_cpu="def test_cpu():\n    pass\n",
     )
     result = gate.runpytest_subprocess()
@@ -132,10 +150,15 @@ def test_under_the_variable_a_skipped_gpu_module_fails(gate, monkeypatch):
             "*a_module_that_is_not_installed*"
         ]
     )
+    result.stdout.fnmatch_lines(
+        ["*test_subject.py skipped while RMM_FENCES_REQUIRE_GPU=1*cuDF is not installed*"]
+    )
+    result.stdout.no_fnmatch_line("*test_cpu_skipped.py skipped while*")
+    result.assert_outcomes(skipped=1, errors=2)  # collection errors: no test ran
     assert result.ret != 0
     monkeypatch.delenv("RMM_FENCES_REQUIRE_GPU")
     result = gate.runpytest_subprocess()
-    result.assert_outcomes(passed=1, skipped=1)
+    result.assert_outcomes(passed=1, skipped=3)
     assert result.ret == 0
 
 

@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """The GPU gate, a pytest plugin (tests/conftest.py registers it): a test marked ``gpu`` skips,
 with the reason, where no CUDA device is found; under RMM_FENCES_REQUIRE_GPU=1 (the GPU host's
-run) a ``gpu`` test that skips, or a GPU test module (``*_gpu.py``) skipped as a whole, fails
-instead.
+run) a ``gpu`` test that skips, or a module holding ``gpu`` tests that is skipped as a whole,
+fails instead. A test is a GPU test by its marker alone, whatever its file is named.
 
 Self-contained on purpose (pytest, the standard library and ``rmm_fences._cuda`` only):
 tests/test_gpu_gate.py runs this file's text as the conftest of generated test files.
 """
 
+import ast
 import os
 
 import pytest
@@ -43,6 +44,24 @@ def _is_gpu_test(item) -> bool:
     # the marker, not item.keywords: keywords hold every parent's name (a checkout in a
     # directory named "gpu" would match)
     return item.get_closest_marker("gpu") is not None
+
+
+def _declares_gpu_tests(path) -> bool:
+    """Whether the module's code applies the ``gpu`` marker (``pytestmark = pytest.mark.gpu``,
+    ``@pytest.mark.gpu``, ...): how a module skipped as a whole, before pytest read its marks,
+    is known to hold GPU tests. Read from its syntax tree: a docstring or a string that only
+    mentions the marker does not count."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == "gpu"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "mark"
+        for node in ast.walk(tree)
+    )
 
 
 def _skip_reason(report) -> str:
@@ -87,7 +106,7 @@ def pytest_make_collect_report(collector):
     if (
         report.skipped
         and isinstance(collector, pytest.Module)
-        and collector.path.name.endswith("_gpu.py")
+        and _declares_gpu_tests(collector.path)
         and _gpu_required()
         and not _allowed_skip(_skip_reason(report))
     ):
