@@ -5,7 +5,7 @@ run) a ``gpu`` test that skips, or a module holding ``gpu`` tests that is skippe
 fails instead. A test is a GPU test by its marker alone, whatever its file is named.
 
 Self-contained on purpose (pytest, the standard library and ``rmm_fences._cuda`` only):
-tests/test_gpu_gate.py runs this file's text as the conftest of generated test files.
+tests/gate/test_gpu_gate.py runs this file's text as the conftest of generated test files.
 """
 
 import ast

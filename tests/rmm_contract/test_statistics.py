@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """rmm's statistics count over every rmm_fences resource, and the ``stats`` say how they
-relate (CPU: rmm's StatisticsResourceAdaptor over a fake upstream; tests/test_statistics_gpu.py
-runs rmm.statistics on a GPU)."""
+relate (CPU: rmm's StatisticsResourceAdaptor over a fake upstream;
+tests/rmm_contract/test_statistics_gpu.py runs rmm.statistics on a GPU)."""
 
 import pytest
 import rmm

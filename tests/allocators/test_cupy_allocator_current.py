@@ -2,7 +2,7 @@
 """``CupyAllocator()`` follows rmm's current device resource on every call, as
 ``rmm_cupy_allocator`` does, and frees each block through the resource that allocated it.
 CPU: CuPy's device and stream faked, fake upstreams; on a GPU:
-tests/test_cupy_allocator_current_gpu.py."""
+tests/allocators/test_cupy_allocator_current_gpu.py."""
 
 import importlib
 

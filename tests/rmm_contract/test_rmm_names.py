@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Names an RMM user knows mean one thing: ``initial_pool_size`` of
 StreamOrderedPoolMemoryResource means what it means in rmm (CPU: a fake upstream;
-tests/test_rmm_names_gpu.py measures None on a GPU), ``install`` is PyTorch's allocator swap
-alone, and every public error is importable from ``rmm_fences``."""
+tests/rmm_contract/test_rmm_names_gpu.py measures None on a GPU), ``install`` is PyTorch's
+allocator swap alone, and every public error is importable from ``rmm_fences``."""
 
 import ast
 import importlib
