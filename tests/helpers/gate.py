@@ -80,22 +80,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _forbidden_skip(report) -> bool:
+    """A skip that RMM_FENCES_REQUIRE_GPU=1 makes a failure, once the caller knows it is a GPU
+    test's or a GPU module's: any skip but one for an optional stack the host may lack."""
+    return report.skipped and _gpu_required() and not _allowed_skip(_skip_reason(report))
+
+
+def _fail(report, what: str) -> None:
+    reason = _skip_reason(report)
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{what} skipped while {REQUIRE_GPU}=1 (a GPU host run may skip no gpu test): {reason}"
+    )
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if (
-        report.skipped
-        and not hasattr(report, "wasxfail")
-        and _is_gpu_test(item)
-        and _gpu_required()
-        and not _allowed_skip(_skip_reason(report))
-    ):
-        report.outcome = "failed"
-        report.longrepr = (
-            f"gpu test skipped while {REQUIRE_GPU}=1 (a GPU host run may skip "
-            f"no gpu test): {_skip_reason(report)}"
-        )
+    if _forbidden_skip(report) and not hasattr(report, "wasxfail") and _is_gpu_test(item):
+        _fail(report, "gpu test")
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -104,15 +108,8 @@ def pytest_make_collect_report(collector):
     report = outcome.get_result()
     # a GPU test module skipped as a whole (pytest.importorskip or pytest.skip at module level)
     if (
-        report.skipped
+        _forbidden_skip(report)
         and isinstance(collector, pytest.Module)
         and _declares_gpu_tests(collector.path)
-        and _gpu_required()
-        and not _allowed_skip(_skip_reason(report))
     ):
-        report.outcome = "failed"
-        report.longrepr = (
-            f"gpu test module {collector.path.name} skipped while "
-            f"{REQUIRE_GPU}=1 (a GPU host run may skip no gpu test): "
-            f"{_skip_reason(report)}"
-        )
+        _fail(report, f"gpu test module {collector.path.name}")
