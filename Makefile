@@ -15,7 +15,7 @@
 # make dist-check: (CI, after make test) build the sdist, then the wheel from it; tag the wheel
 #             manylinux with auditwheel; twine check both (into dist/); install the wheel in a fresh
 #             venv (build/dist-venv, the wheel's dependencies and its test and dask extras only),
-#             import it, run rmm-fences --version and the tests against it (tests/test_dist.py
+#             import it, run rmm-fences --version and the tests against it (tests/package/test_dist.py
 #             checks the files; the host test harness is make install's, built from the headers
 #             alone); the tools are pyproject.toml's dist dependency group
 # make downstream: on a CUDA machine only (CI does not run it): RMM's and CuPy's test suites

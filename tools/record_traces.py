@@ -17,7 +17,7 @@ gzip-compressed to ``--out`` (default asv_bench/traces/) as ``<workload>.csv.gz`
 read back with ``rmm_fences_bench.read_allocation_log``, which must accept it.
 
 Workloads (``--list``): the CUB temp-storage loop (``rmm_fences.reduce.device_sum``) on 1M and
-256M float32 elements, the 4 GiB Dask reduction of tests/test_dask_gpu.py (on a dask-cuda
+256M float32 elements, the 4 GiB Dask reduction of tests/dask/test_dask_gpu.py (on a dask-cuda
 cluster, or Dask's threaded scheduler over CuPy chunks), a CuPy pipeline on two streams (sort,
 reductions, scans, FFT, elementwise, mixed sizes), and a few training steps of the
 GPT-2-small-shaped and ResNet-50-shaped models of asv_bench/benchmarks/_torch_workloads.py
@@ -103,8 +103,8 @@ def _flush_worker_log(dask_worker=None):
 
 
 def dask_reduction(log_path: str, upstream: str, mode: str) -> dict:
-    """The 4 GiB float64 reduction of tests/test_dask_gpu.py (values ``arange % 1000003``, exact
-    sum known in closed form). ``mode="cluster"``: on a dask-cuda ``LocalCUDACluster`` of one
+    """The 4 GiB float64 reduction of tests/dask/test_dask_gpu.py (values ``arange % 1000003``,
+    exact sum known in closed form). ``mode="cluster"``: on a dask-cuda ``LocalCUDACluster`` of one
     worker (two threads), the log installed in the worker (its log is the trace);
     ``mode="threads"``: Dask's threaded scheduler (four threads) in this process."""
     import cupy
@@ -207,7 +207,7 @@ WORKLOADS = {
         lambda log, up: reduce_loop(1 << 28, 50),
     ),
     "dask_4gib": (
-        "the 4 GiB Dask reduction of tests/test_dask_gpu.py on a dask-cuda cluster (the "
+        "the 4 GiB Dask reduction of tests/dask/test_dask_gpu.py on a dask-cuda cluster (the "
         "worker's log; Dask's threaded scheduler without dask-cuda)",
         lambda log, up: dask_reduction(log, up, "cluster" if _has("dask_cuda") else "threads"),
     ),

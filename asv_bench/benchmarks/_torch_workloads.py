@@ -8,8 +8,8 @@ allocator once, before its first CUDA allocation, and cannot switch back).
     python asv_bench/benchmarks/_torch_workloads.py mempool CASE
 
 The last line printed is a JSON object. Used by the asv training benchmarks
-(torch_training.py), by tests/test_torch_gpu.py and by tools/torch_hazards.py. No downloads:
-random weights and data from fixed random states.
+(torch_training.py), by tests/allocators/test_torch_gpu.py and by tools/torch_hazards.py. No
+downloads: random weights and data from fixed random states.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ Environment:
     ``memory_resource`` keeps it.
 ``RMM_FENCES_DS_FAKE``
     ``1``: build and install nothing (no chain, no CuPy allocator, no rmm or cupy import), only
-    log as above; the harness's CPU tests (``tests/test_downstream_harness.py``) run a fake suite
-    this way, which may read ``RMM_FENCES_DS_CHAIN`` itself to act differently under a chain.
+    log as above; the harness's CPU tests (``tests/downstream/test_downstream_harness.py``) run
+    a fake suite this way, which may read ``RMM_FENCES_DS_CHAIN`` itself to act differently
+    under a chain.
 
 The chain is built once per process and installed before every test, because rmm's own tests
 reset the current device resource in their fixtures.

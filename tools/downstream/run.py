@@ -35,8 +35,8 @@ keeps CuPy's compiled kernels in DIR, so that a later run does not compile them 
 
 ``--chain NAME=SPEC`` (repeatable) replaces the chain table: those chains run on every suite,
 with no CuPy allocator. ``RMM_FENCES_DS_FAKE=1`` in the environment makes the plugin build and
-install nothing; ``tests/test_downstream_harness.py`` runs a fake suite on a CPU that way. CI does
-not run this harness: it needs a GPU, rmm, cupy and the suites' sources.
+install nothing; ``tests/downstream/test_downstream_harness.py`` runs a fake suite on a CPU
+that way. CI does not run this harness: it needs a GPU, rmm, cupy and the suites' sources.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ rmm's ``UpstreamResourceAdaptor.__cinit__`` runs before any subclass's ``__cinit
 None with a bare ``Exception("Argument `upstream_mr` must not be None")`` (other types get
 Cython's TypeError), and Cython allows no ``__new__`` on a cdef class, so the check that makes
 every bad upstream a TypeError cannot live in the cdef class
-(tests/test_package.py::test_rmm_refuses_a_none_upstream_with_a_bare_exception).
+(tests/package/test_package.py::test_rmm_refuses_a_none_upstream_with_a_bare_exception).
 """
 
 import atexit

@@ -1,0 +1,448 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tools/downstream/run.py on a fake suite, on the CPU: no GPU, rmm or cupy needed.
+
+The plugin runs with RMM_FENCES_DS_FAKE=1 (it installs nothing); the fake tests read
+RMM_FENCES_DS_CHAIN themselves to fail or crash only under a chain.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers.paths import TOOLS
+from helpers.scripts import load_script
+
+RUN = TOOLS / "downstream" / "run.py"
+
+FAKE_SUITE = {
+    "test_pass.py": """
+        import pytest
+
+        def test_a():
+            pass
+
+        @pytest.mark.skip(reason="not here")
+        def test_skipped():
+            pass
+
+        @pytest.mark.xfail(reason="known")
+        def test_xfail():
+            assert False
+
+        class TestParams:
+            @pytest.mark.parametrize("x", [1, 2])
+            def test_p(self, x):
+                pass
+        """,
+    "test_chain_fail.py": """
+        import os
+
+        def test_ok():
+            pass
+
+        def test_fails_with_chain():
+            assert not os.environ.get("RMM_FENCES_DS_CHAIN"), "chain is set"
+        """,
+    "test_segv.py": """
+        import os
+        import signal
+
+        def test_before():
+            pass
+
+        def test_segv():
+            if os.environ.get("RMM_FENCES_DS_CHAIN"):
+                os.kill(os.getpid(), signal.SIGSEGV)
+
+        def test_after_1():
+            pass
+
+        def test_after_2():
+            pass
+        """,
+    "test_unraisable.py": """
+        import gc
+
+        class Bad:
+            def __del__(self):
+                raise RuntimeError("boom in __del__")
+
+        def test_del():
+            bad = Bad()
+            del bad
+            gc.collect()
+        """,
+}
+HANG = """
+    import os
+    import time
+
+    def test_hang():
+        if os.environ.get("RMM_FENCES_DS_CHAIN"):
+            time.sleep(120)
+    """
+
+
+@pytest.fixture
+def suite(tmp_path):
+    root = tmp_path / "suite"
+    root.mkdir()
+    for name, text in FAKE_SUITE.items():
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def harness(*args):
+    env = dict(
+        os.environ, RMM_FENCES_DS_FAKE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"
+    )  # hypothesis & co.: a second per process
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run(
+        [sys.executable, str(RUN), *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def run_fake(suite, out, *args):
+    """The harness on the fake suite, its output in ``out``."""
+    return harness("--suite", f"fake={suite}", "--out", out, *args)
+
+
+def test_regression_crash_and_not_run(suite, tmp_path):
+    out = tmp_path / "out"
+    r = run_fake(
+        suite,
+        out,
+        "--jobs",
+        4,
+        "--timeout-file",
+        60,
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["fake"] is True and summary["exit_code"] == 1
+    base, pool = summary["results"]["fake"]["baseline"], summary["results"]["fake"]["pool"]
+    assert base["counts"]["passed"] == 10 and base["counts"]["skipped"] == 1
+    assert base["counts"]["xfailed"] == 1 and not base["regressions"] and not base["crashes"]
+
+    regressions = {r["test"]: r for r in pool["regressions"]}
+    assert set(regressions) == {
+        "test_chain_fail.py::test_fails_with_chain",
+        "test_segv.py::test_segv",
+        "test_segv.py::test_after_1",
+        "test_segv.py::test_after_2",
+    }
+    failed = regressions["test_chain_fail.py::test_fails_with_chain"]
+    assert (failed["baseline"], failed["outcome"]) == ("passed", "failed")
+    assert "chain is set" in failed["message"]
+    assert regressions["test_segv.py::test_segv"]["outcome"] == "crashed"
+    assert regressions["test_segv.py::test_after_1"]["outcome"] == "not run"
+    [crash] = pool["crashes"]
+    assert crash["test"] == "test_segv.py::test_segv" and "SIGSEGV" in crash["reason"]
+    assert pool["counts"]["crashed"] == 1 and pool["counts"]["not run"] == 2
+    # the crashed process's finished tests keep their outcome (from the plugin's log)
+    assert pool["counts"]["passed"] == 6 and pool["counts"]["failed"] == 1
+
+    for entry in (base, pool):
+        [unraisable] = entry["unraisable"]
+        assert unraisable["test"] == "test_unraisable.py::test_del"
+        assert "boom in __del__" in unraisable["message"]
+
+    assert (
+        "fake  pool: 6 passed, 1 failed, 1 skipped, 1 xfailed, 1 crashed, 2 not run; "
+        "4 regressions, 1 crashes, 1 unraisable, 0 hazards"
+    ) in r.stdout
+    assert "test_chain_fail.py::test_fails_with_chain: passed -> failed" in r.stdout
+    assert "CRASH in test_segv.py::test_segv" in r.stdout
+    md = (out / "summary.md").read_text()
+    assert "| fake | pool | 6 | 1 | 0 | 2 | 4 | - | 1 | 1 | 0 |" in md
+    for ext in ("xml", "log", "state", "meta.json"):
+        assert (out / "fake" / "pool" / f"test_chain_fail.{ext}").is_file()
+
+    (out / "summary.json").unlink()
+    again = harness("--report-only", out)
+    assert again.returncode == 1
+    rebuilt = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]
+    assert rebuilt["regressions"] == pool["regressions"]
+
+
+def test_baseline_only_exits_zero(suite, tmp_path):
+    out = tmp_path / "out"
+    r = run_fake(
+        suite,
+        out,
+        "--only-baseline",
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert list(json.loads((out / "summary.json").read_text())["results"]["fake"]) == ["baseline"]
+    assert "fake  baseline: 10 passed, 0 failed, 1 skipped, 1 xfailed; 0 regressions" in r.stdout
+    assert (out / "summary.md").is_file()
+
+
+def test_timeout_kills_and_names_the_test(suite, tmp_path):
+    (suite / "test_hang.py").write_text(textwrap.dedent(HANG))
+    out = tmp_path / "out"
+    r = run_fake(
+        suite,
+        out,
+        "--files",
+        "test_hang.py",
+        "--timeout-file",
+        4,
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    [crash] = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]["crashes"]
+    assert crash["test"] == "test_hang.py::test_hang" and crash["reason"].startswith("timeout")
+
+
+SLOW = """
+    import time
+
+    def test_slow():
+        time.sleep(10)
+    """
+
+
+def test_deadline_leaves_files_for_resume(suite, tmp_path):
+    (suite / "test_slow.py").write_text(textwrap.dedent(SLOW))
+    out = tmp_path / "out"
+    files = ("--files", "test_pass.py", "test_slow.py")
+    r = run_fake(
+        suite,
+        out,
+        *files,
+        "--only-baseline",
+        "--jobs",
+        2,
+        "--deadline",
+        6,
+        "--cupy-cache",
+        tmp_path / "kernels",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["baseline"]
+    assert entry["files_pending"] == ["test_slow.py"] and entry["counts"]["passed"] == 3
+    assert not (out / "fake" / "baseline" / "test_slow.log").exists()
+    assert "1 file(s) not finished" in r.stdout
+
+    again = harness("--suite", f"fake={suite}", "--out", out, *files, "--only-baseline", "--resume")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "--resume: 1 file(s) already done, 1 to run" in again.stderr
+    entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["baseline"]
+    assert entry["files_pending"] == [] and entry["counts"]["passed"] == 4
+
+
+def _load_run():
+    return load_script(RUN, "downstream_run")
+
+
+def test_default_plan(tmp_path):
+    run = _load_run()
+    cupy = tmp_path / "cupy"
+    for f in (
+        "cupy_tests/core_tests/test_scan.py",
+        "cupy_tests/math_tests/test_sumprod.py",
+        "cupy_tests/sorting_tests/test_sort.py",
+        "cupy_tests/sorting_tests/__init__.py",
+    ):
+        (cupy / f).parent.mkdir(parents=True, exist_ok=True)
+        (cupy / f).write_text("")
+    rmm = tmp_path / "rmm"
+    rmm.mkdir()
+    (rmm / "test_rmm.py").write_text("")
+    (rmm / "conftest.py").write_text("")
+    args = run.parse_args(["--suite", f"rmm={rmm}", "--suite", f"cupy={cupy}", "--out", "x"])
+    suites, jobs = run.plan(args)
+    assert suites["rmm"]["files"] == ["test_rmm.py"]
+    assert suites["cupy"]["files"] == [
+        "cupy_tests/math_tests/test_sumprod.py",
+        "cupy_tests/core_tests/test_scan.py",
+        "cupy_tests/sorting_tests/test_sort.py",
+    ]
+    assert "cupy_tests/cuda_tests/test_graph.py" in suites["cupy"]["missing"]
+    chains = {(j["suite"], j["chain"]) for j in jobs}
+    assert len(chains) == 5 + 9
+    assert ("cupy", "tracker+CupyAllocator") in chains and ("rmm", "tracker") in chains
+    assert ("cupy", "pool") not in chains
+    assert [j["chain"] for j in jobs[:4]] == ["baseline"] * 4  # every baseline first
+    pool = next(j for j in jobs if j["chain"] == "pool+rmm_cupy_allocator")
+    assert pool["env"] == {"RMM_FENCES_DS_CHAIN": "pool(cuda_async)", "RMM_FENCES_DS_CUPY": "rmm"}
+    _, only = run.plan(
+        run.parse_args(["--suite", f"cupy={cupy}", "--out", "x", "--chains", "sof_stream"])
+    )
+    assert {j["chain"] for j in only} == {
+        "baseline",
+        "sof_stream+rmm_cupy_allocator",
+        "sof_stream+CupyAllocator",
+    }
+
+
+MARKED = """
+    import os
+    import pytest
+
+    def test_small():
+        pass
+
+    @pytest.mark.slow
+    def test_huge():
+        assert not os.environ.get("RMM_FENCES_DS_CHAIN"), "huge fails under the chain"
+    """
+
+
+def test_marked_tests_run_apart_after_the_rest(suite, tmp_path):
+    (suite / "test_marked.py").write_text(textwrap.dedent(MARKED))
+    out = tmp_path / "out"
+    r = run_fake(
+        suite,
+        out,
+        "--files",
+        "test_marked.py",
+        "test_pass.py",
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    # the marked file runs twice per chain: without its slow tests, then only those, apart
+    for chain in ("baseline", "pool"):
+        for base in ("test_marked", "test_marked@slow"):
+            assert (out / "fake" / chain / f"{base}.meta.json").is_file()
+        assert not (out / "fake" / chain / "test_pass@slow.meta.json").exists()
+    meta = json.loads((out / "fake" / "pool" / "test_marked@slow.meta.json").read_text())
+    assert meta["cmd"][-3:] == ["-m", "slow", "test_marked.py"]
+    order = [line for line in r.stderr.splitlines() if line.startswith("[")]
+    assert all("-m 'slow'" in line for line in order[-2:]), order  # the serial phase is last
+    results = json.loads((out / "summary.json").read_text())["results"]["fake"]
+    assert (
+        results["baseline"]["counts"]["passed"] == 2 + 3 and not results["baseline"]["regressions"]
+    )
+    [regression] = results["pool"]["regressions"]
+    assert regression["test"] == "test_marked.py::test_huge"
+    assert (regression["baseline"], regression["outcome"]) == ("passed", "failed")
+    assert results["pool"]["counts"]["passed"] == 1 + 3
+
+
+def test_plan_splits_only_files_that_name_the_mark(tmp_path):
+    run = _load_run()
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "test_a.py").write_text("import pytest\n@pytest.mark.slow\ndef test_x(): pass\n")
+    (root / "test_b.py").write_text("def test_slowly(): pass\n")
+    _, jobs = run.plan(run.parse_args(["--suite", f"s={root}", "--out", "x", "--only-baseline"]))
+    assert sorted((j["part"], j.get("mark"), bool(j.get("serial"))) for j in jobs) == [
+        ("test_a.py", "not slow", False),
+        ("test_a.py [slow]", "slow", True),
+        ("test_b.py", None, False),
+    ]
+    args = run.parse_args(
+        ["--suite", f"s={root}", "--out", "x", "--only-baseline", "--serial-mark", ""]
+    )
+    assert [j.get("mark") for j in run.plan(args)[1]] == [None, None]
+
+
+def test_regressions_shared_with_the_rmm_reference_are_marked():
+    run = _load_run()
+
+    def entry(*tests):
+        return {"regressions": [{"test": t} for t in tests], "files_done": 1}
+
+    chains = {
+        "sof_stream+CupyAllocator": entry("a", "b"),
+        "ref_rmm_pool+CupyAllocator": entry("b", "c"),
+        "pool+CupyAllocator": entry("a"),  # its reference (ref_cuda_async) did not run
+    }
+    for name, e in chains.items():
+        run.mark_shared(name, e, chains)
+    sof = chains["sof_stream+CupyAllocator"]
+    assert sof["own_regressions"] == 1
+    assert [r.get("shared_with") for r in sof["regressions"]] == [
+        None,
+        "ref_rmm_pool+CupyAllocator",
+    ]
+    assert chains["pool+CupyAllocator"]["own_regressions"] is None
+    assert "(1 not under its rmm reference)" in run.line(
+        "sof_stream+CupyAllocator",
+        {
+            **sof,
+            "counts": dict.fromkeys(run.OUTCOMES, 0),
+            "crashes": [],
+            "unraisable": [],
+            "hazard_count": 0,
+        },
+    )
+
+
+OOM_ONCE = """
+    import os
+    from pathlib import Path
+
+    def test_short_of_memory_once():
+        # under a chain, the first process runs short of memory (another held it); alone, not
+        flag = Path(os.environ["FLAG_DIR"]) / "ran"
+        if os.environ.get("RMM_FENCES_DS_CHAIN") and not flag.exists():
+            flag.write_text("")
+            try:  # as CuPy's helpers report it: the memory error only in the traceback
+                raise MemoryError("cudaErrorMemoryAllocation: out of memory")
+            except MemoryError as e:
+                raise AssertionError("Only cupy raises error") from e
+
+    def test_other():
+        pass
+    """
+
+OOM_ALWAYS = """
+    import os
+
+    def test_short_of_memory_always():
+        if os.environ.get("RMM_FENCES_DS_CHAIN"):
+            raise MemoryError("std::bad_alloc: out_of_memory: pool cannot allocate")
+    """
+
+
+def test_files_short_of_memory_run_again_alone(suite, tmp_path, monkeypatch):
+    (suite / "test_oom_once.py").write_text(textwrap.dedent(OOM_ONCE))
+    (suite / "test_oom_always.py").write_text(textwrap.dedent(OOM_ALWAYS))
+    monkeypatch.setenv("FLAG_DIR", str(tmp_path))
+    out, files = tmp_path / "out", ("test_oom_once.py", "test_oom_always.py", "test_chain_fail.py")
+    r = run_fake(suite, out, "--files", *files, "--jobs", 3, "--chain", "pool=pool(cuda_async)")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "2 file(s) again, alone" in r.stderr  # not test_chain_fail.py: no memory error
+    pool = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]
+    assert sorted(pool["files_run_alone"]) == ["test_oom_always.py", "test_oom_once.py"]
+    # the run alone is the result: the first passes there, the second is a real regression
+    assert {r["test"] for r in pool["regressions"]} == {
+        "test_oom_always.py::test_short_of_memory_always",
+        "test_chain_fail.py::test_fails_with_chain",
+    }
+    first = out / "fake" / "pool" / "test_oom_once.first.xml"
+    assert "out of memory" in first.read_text()  # the first run is kept
+    assert "2 file(s) run again alone (out of memory)" in r.stdout
+    assert "Run again alone after an out-of-memory error" in (out / "summary.md").read_text()
+
+    # a resumed run does not run them a third time
+    again = harness(
+        "--suite",
+        f"fake={suite}",
+        "--out",
+        out,
+        "--files",
+        *files,
+        "--resume",
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
+    assert "again, alone" not in again.stderr
+    assert "--resume: 6 file(s) already done, 0 to run" in again.stderr

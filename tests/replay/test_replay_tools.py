@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The replay's asv benchmarks (asv_bench/benchmarks/replay.py) and the trace recorder
+(tools/record_traces.py) without a GPU: what can run here (imports, trace discovery, chain
+specs, cutting and compressing an rmm log) does."""
+
+import gzip
+import importlib
+import io
+import json
+
+import pytest
+
+from rmm_fences.specs import parse_spec
+
+from helpers.paths import DOCS, DOCS_DATA, TOOLS
+from helpers.rmm_log import RMM_LOG
+from helpers.scripts import load_script
+from rmm_fences_bench import Trace, read_allocation_log, with_footprint, write_allocation_log
+
+
+def asv_module(name):
+    """A module of asv_bench/benchmarks: the package ``benchmarks``, as asv imports it."""
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def recorder():
+    return load_script(TOOLS / "record_traces.py")
+
+
+def test_asv_replay_finds_traces_or_none(tmp_path):
+    replay = asv_module("replay")
+    assert replay.trace_names(tmp_path) == [replay.NO_TRACE]
+    t = read_allocation_log(io.StringIO(RMM_LOG))
+    write_allocation_log(t, tmp_path / "b.csv.gz")
+    write_allocation_log(t, tmp_path / "a.csv.gz")
+    (tmp_path / "notes.json").write_text("{}")
+    assert replay.trace_names(tmp_path) == ["a", "b"]
+    assert replay.Replay.params[0] == replay.trace_names()
+    assert replay.Replay.param_names == ["trace", "chain"]
+
+
+def test_asv_replay_chains_measure_their_footprint_at_the_leaf():
+    replay = asv_module("replay")
+    assert replay.CHAINS == [
+        "rmm_fences_pool",
+        "rmm_pool",
+        "cuda_async",
+        "arena",
+        "sync_on_free_deferred",
+        "tracking_pool",
+        "binning",
+    ]
+    t = Trace.from_events([(0, "allocate", 0, 300 << 20, 0)])
+    size = replay.arena_size(t)
+    assert size == 1 << 30  # a power of two, at least twice the peak
+    assert replay.arena_size(Trace.from_events([(0, "allocate", 0, 8, 0)])) == 256 << 20
+    for name, spec in replay.SPECS.items():
+        measured = with_footprint(spec.format(arena_size=size))
+        tree = parse_spec(measured)
+        while tree.inner is not None and tree.inner.inner is not None:
+            tree = tree.inner
+        # the layer the replay reads: a statistics adaptor over the leaf, or a cuda_async leaf
+        assert tree.name == "statistics" or tree.name == "cuda_async", (name, measured)
+
+
+def test_asv_replay_skips_without_gpu_or_trace():
+    replay = asv_module("replay")
+    bench = replay.Replay()
+    with pytest.raises(NotImplementedError):
+        bench.setup(replay.NO_TRACE, "rmm_pool")
+
+
+def test_recorder_lists_its_workloads(capsys):
+    rec = recorder()
+    assert rec.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    for name in (
+        "reduce_1m",
+        "reduce_256m",
+        "dask_4gib",
+        "cupy_pipeline",
+        "torch_gpt2_small",
+        "torch_resnet50",
+    ):
+        assert name in listed and name in rec.WORKLOADS
+    with pytest.raises(SystemExit):
+        rec.main(["no_such_workload"])
+
+
+def test_recorder_cuts_and_compresses_an_rmm_log(tmp_path):
+    rec = recorder()
+    src = tmp_path / "log.dev0.csv"
+    src.write_text(RMM_LOG + "\n")
+    whole = rec.cut_and_compress(str(src), tmp_path / "all.csv.gz", 100)
+    assert whole == {"events_recorded": 7, "events_kept": 7, "cut": False}
+    assert gzip.decompress((tmp_path / "all.csv.gz").read_bytes()).decode() == RMM_LOG
+    ref = read_allocation_log(io.StringIO(RMM_LOG))
+    back = read_allocation_log(tmp_path / "all.csv.gz")
+    assert back.id.tolist() == ref.id.tolist() and back.failed_allocations == 1
+    cut = rec.cut_and_compress(str(src), tmp_path / "cut.csv.gz", 3)
+    assert cut == {"events_recorded": 7, "events_kept": 3, "cut": True}
+    t = read_allocation_log(tmp_path / "cut.csv.gz")
+    assert t.allocations == 2 and t.frees == 0 and t.failed_allocations == 1
+    # the same log, the same bytes (no time stamp in the gzip header)
+    rec.cut_and_compress(str(src), tmp_path / "again.csv.gz", 3)
+    assert (tmp_path / "again.csv.gz").read_bytes() == (tmp_path / "cut.csv.gz").read_bytes()
+    src.write_text("Thread,Time,Action\n1,2,3\n")
+    with pytest.raises(ValueError, match="header"):
+        rec.cut_and_compress(str(src), tmp_path / "bad.csv.gz", 3)
+
+
+def asv_bodies():
+    return load_script(TOOLS / "asv_bodies.py")
+
+
+def test_replay_table_renders_the_published_results(capsys):
+    """docs/performance.md's replay tables come from this file through this command."""
+    data = DOCS_DATA / "replay" / "replay_2026-12-01_loose_fit.jsonl"
+    assert asv_bodies().main(["table", "replay", str(data)]) == 0
+    out = capsys.readouterr().out
+    row = "| torch_gpt2_small_train | 9071 | 1.03 M | 4.6x | 2.7x | 10766 | 18846 | 9664 | 0.57x |"
+    assert row + " 0 |" in out
+    assert out in (DOCS / "performance.md").read_text()
+
+
+def test_only_the_replay_table_has_a_chart(tmp_path):
+    data = DOCS_DATA / "bench" / "streams_2026-12-01_rerun.jsonl"
+    with pytest.raises(SystemExit):
+        asv_bodies().main(["table", "streams", str(data), "--png", str(tmp_path / "x.png")])
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_dataframe_table_gives_each_chain_over_cudaasync_and_the_pdsh_summary(tmp_path):
+    rows = []
+    chains = ["cuda_async", "rmm_pool", "rmm_fences_pool", "sync_on_free_deferred"]
+    for q, scale in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        for i, c in enumerate(chains):
+            t = scale * (1.0 + 0.1 * i)  # rmm_pool 1.1x, pool 1.2x, sync_on_free 1.3x
+            rows.append({"bench": "PdsH", "param": q, "chain": c, "seconds": t, "peak_mib": 100})
+    rows.append({"bench": "PdsH", "param": 4, "chain": "rmm_pool", "skipped": "no data"})
+    path = tmp_path / "df.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    table = asv_bodies().table_dataframes(path)
+    assert "| PDS-H q2 | 2.000 | 100 | 1.100x, 1.00x | 1.200x, 1.00x | 1.300x, 1.00x |" in table
+    assert "q4" not in table  # skipped rows are left out
+    # sync_on_free over CudaAsync 1.3x; over rmm's pool 1.3 / 1.1
+    assert "| sync_on_free_deferred | 1.300x | 1.300x | 1.182x | 1.182x |" in table
+
+
+def test_ab_summary_gives_the_median_ratio_and_quartiles_per_measurement():
+    ab = load_script(TOOLS / "ab_builds.py")
+    pair = {"pair": "pool(cuda_async)", "nbytes": 1 << 20}
+    rows = [{"round": r, **pair, "a": 100.0, "b": 100.0 + 2 * r} for r in range(5)]
+    replay = {"replay": "reduce_1m", "chain": "rmm_fences_pool"}
+    rows += [{"round": 0, **replay, "a": 2e6, "b": 1e6}]
+    rows += [{"round": 0, **replay, "kept_streams": True, "a": 2e6, "b": 2.2e6}]
+    lines = ab.summary(rows)
+    assert "| reduce_1m | replay calls/s, streams kept | 1.100 | 1.100-1.100 | 1 |" in lines
+    assert "| pool(cuda_async) | 1 MiB pair ns | 1.040 | 1.020-1.060 | 5 |" in lines
+    assert "| reduce_1m | replay calls/s | 0.500 | 0.500-0.500 | 1 |" in lines
