@@ -9,7 +9,7 @@ upstream at the end (it never gives chunks back during a replay); it is compared
 trace's peak of live bytes and with rmm's ``PoolMemoryResource`` (``initial_pool_size=0``) on
 the H200 replay of the same log (``docs/data/replay``), and for the training benchmark's
 steps with what PyTorch's caching allocator reserved for them on the H200
-(``docs/data/torch/training.json``).
+(``docs/data/torch/training_2026-12-01.json``).
 """
 
 import json
@@ -23,7 +23,7 @@ from rmm_fences_testing import HostStreamOrderedPool
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRACES = ROOT / "asv_bench" / "traces"
 GPU_REPLAYS = ROOT / "docs" / "data" / "replay"
-TRAINING = ROOT / "docs" / "data" / "torch" / "training.json"
+TRAINING = ROOT / "docs" / "data" / "torch" / "training_2026-12-01.json"
 MIB = 1 << 20
 NAMES = sorted(p.name[: -len(".csv.gz")] for p in TRACES.glob("*.csv.gz"))
 
