@@ -347,8 +347,10 @@ def stamp(results_dir: str) -> list[str]:
     """Adds what HEAD ran on (commit, GPU, driver, package versions) to the asv result files of
     HEAD's commit that lack it; asv ignores the key. Returns the files stamped."""
     env = _tool("asv_bodies.py").recorded_environment()
-    head = env["commit"].split("+")[0]
+    head = (env["commit"] or "").split("+")[0]
     stamped = []
+    if not head:  # not a git checkout: no result file can be matched to a commit
+        return stamped
     for f in glob.glob(os.path.join(results_dir, "*", "*.json")):
         if f.endswith(("machine.json", "benchmarks.json")):
             continue
