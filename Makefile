@@ -11,7 +11,10 @@
 #             which run offline)
 # make demo : same setup, then the hazard matrix (rmm-fences doctor --quick) and the CUB temp-storage loop
 #             loop (needs a CUDA GPU; says so and exits 2 without one)
-# make bench: same setup, then the asv suite on this GPU (asv_bench/) and its html report
+# make bench: same setup, then the asv suite on this GPU (asv_bench/), its results stamped with
+#             the commit, GPU, driver and package versions (tools/asv_report.py --stamp), and its
+#             html report; python tools/asv_report.py --results asv_bench/results prints the
+#             tables of docs/performance.md from them
 # make dist-check: (CI, after make test) build the sdist, then the wheel from it; tag the wheel
 #             manylinux with auditwheel; twine check both (into dist/); install the wheel in a fresh
 #             venv (build/dist-venv, the wheel's dependencies and its test and dask extras only),
@@ -77,6 +80,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	cd asv_bench && ../$(VENV)/bin/asv machine --yes \
 	  && ../$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) \
+	  && ../$(PY) ../tools/asv_report.py --stamp results \
 	  && ../$(VENV)/bin/asv publish
 
 dist-check: $(STAMP)

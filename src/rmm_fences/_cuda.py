@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import platform
 
 
 @functools.cache
@@ -63,3 +65,53 @@ class on_device:
         if self.previous != self.device:
             runtime.cudaSetDevice(self.previous)
         return False
+
+
+#: The distributions whose versions :func:`environment` records, where installed.
+RECORDED_DISTRIBUTIONS = (
+    "rmm-fences-cu13",
+    "rmm-cu13",
+    "cupy-cuda13x",
+    "cuda-cccl",
+    "torch",
+    "dask-cuda",
+    "asv",
+)
+
+
+def environment(device: int = 0) -> dict:
+    """What a measurement ran on, for its data file: the GPU's name, the driver's version
+    (NVML's string, e.g. ``"580.159.04"``, else the CUDA driver API version, e.g. ``13000``),
+    and the Python and package versions installed. A field that cannot be read is None (no
+    GPU, no driver); a package not installed is left out."""
+    env = {"gpu": None, "driver": None, "cuda_driver_api": None}
+    try:
+        from cuda.bindings import runtime
+
+        err, version = runtime.cudaDriverGetVersion()
+        if err == runtime.cudaError_t.cudaSuccess and version:  # 0: no driver
+            env["cuda_driver_api"] = version
+        err, props = runtime.cudaGetDeviceProperties(device)
+        if err == runtime.cudaError_t.cudaSuccess:
+            name = props.name
+            env["gpu"] = (name.decode() if isinstance(name, bytes) else str(name)).rstrip("\0")
+    except Exception:  # noqa: BLE001 - no driver, no GPU: the fields stay None
+        pass
+    try:
+        from cuda.bindings import nvml
+
+        nvml.init_v2()
+        try:
+            env["driver"] = nvml.system_get_driver_version()
+        finally:
+            nvml.shutdown()
+    except Exception:  # noqa: BLE001 - no NVML: the API version above stands in
+        pass
+    versions = {"python": platform.python_version()}
+    for dist in RECORDED_DISTRIBUTIONS:
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    env["versions"] = versions
+    return env

@@ -7,10 +7,10 @@ On the GPU the replay runs each recorded thread on its own thread, so the interl
 the footprint) there can differ from this one. The footprint is what the pool holds from the
 upstream at the end (it never gives chunks back during a replay); it is compared with the
 trace's peak of live bytes and with rmm's ``PoolMemoryResource`` (``initial_pool_size=0``) on
-the H200 replay of the same log (``docs/data/replay/replay_2026-12-01_loose_fit.jsonl``, the
+the H200 replay of the same log (``docs/data/replay/replay_2026-12-01.jsonl``, the
 replay of docs/performance.md's tables), and for the training benchmark's
 steps with what PyTorch's caching allocator reserved for them on the H200
-(``docs/data/torch/training.json``).
+(``docs/data/torch/training_2026-12-01.json``).
 """
 
 import json
@@ -22,8 +22,8 @@ from rmm_fences_bench import read_allocation_log
 from rmm_fences_testing import HostStreamOrderedPool
 
 TRACES = ROOT / "asv_bench" / "traces"
-GPU_REPLAY = DOCS_DATA / "replay" / "replay_2026-12-01_loose_fit.jsonl"
-TRAINING = DOCS_DATA / "torch" / "training.json"
+GPU_REPLAY = DOCS_DATA / "replay" / "replay_2026-12-01.jsonl"
+TRAINING = DOCS_DATA / "torch" / "training_2026-12-01.json"
 MIB = 1 << 20
 NAMES = sorted(p.name[: -len(".csv.gz")] for p in TRACES.glob("*.csv.gz"))
 

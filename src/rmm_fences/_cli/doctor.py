@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 
+from rmm_fences._cuda import environment
 from rmm_fences._optional import missing, require
 
 MODES = ("device", "stream", "deferred")
@@ -265,7 +266,11 @@ def add_arguments(parser) -> None:
         help="trials per cell (default 100; 20 with --quick)",
     )
     parser.add_argument("--quick", action="store_true", help="20 trials per cell")
-    parser.add_argument("--json", metavar="PATH", help="also write the matrix as JSON")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the matrix as JSON, with the GPU, driver and package versions",
+    )
     parser.add_argument(
         "--plot",
         metavar="PATH",
@@ -304,7 +309,8 @@ def run(args) -> int:
     print(table(cells))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(to_json(cells, device=name, trials=trials, quick=args.quick), f, indent=2)
+            meta = dict(device=name, trials=trials, quick=args.quick, environment=environment())
+            json.dump(to_json(cells, **meta), f, indent=2)
         print(f"wrote {args.json}")
     if args.plot:
         plot(cells, args.plot)
