@@ -12,7 +12,7 @@ import pytest
 
 from rmm_fences.specs import parse_spec
 
-from helpers.paths import DOCS, DOCS_DATA, TOOLS
+from helpers.paths import DOCS_DATA, TOOLS
 from helpers.rmm_log import RMM_LOG
 from helpers.scripts import load_script
 from rmm_fences_bench import Trace, read_allocation_log, with_footprint, write_allocation_log
