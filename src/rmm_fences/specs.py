@@ -8,6 +8,10 @@ Spec(name='sync_on_free', inner=Spec(name='naive_cache', inner=Spec(name='cuda_a
 Grammar: ``name`` or ``name(inner, key=value, ...)``; the inner resource comes first and only
 adaptors take one. Sizes take ints or strings such as ``512MiB`` or ``2GB``. ``parse_spec``
 needs no GPU; ``compose`` builds the resources (on the current device).
+
+The two pools: ``stream_ordered_pool`` is rmm_fences' ``StreamOrderedPoolMemoryResource``, and
+``pool`` its shorthand (the same resource: a spec written with it keeps its meaning);
+``rmm_pool`` is rmm's ``PoolMemoryResource``.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class _Kind:
     ``upstream_stream_ordered`` from this."""
     doc: str
     required: tuple = ()
+    aliases: tuple = ()
+    """Other names of it in specs (shorthands), each a key of :data:`RESOURCES`."""
     factory: Callable | None = None
     """``factory(cls, upstream, kwargs)`` builds it; default ``cls(upstream, **kwargs)`` for an
     adaptor, ``cls(**kwargs)`` otherwise."""
@@ -84,9 +90,9 @@ class _Kind:
 
 _SIZES = {"initial_pool_size": "size", "maximum_pool_size": "size"}
 
-#: The resources of specs, by name.
+#: The resources of specs, by name (a resource's aliases included).
 RESOURCES = {
-    kind.name: kind
+    name: kind
     for kind in (
         _Kind(
             name="cuda",
@@ -147,12 +153,13 @@ RESOURCES = {
             doc="rmm StatisticsResourceAdaptor",
         ),
         _Kind(
-            name="pool",
+            name="stream_ordered_pool",
             cls="rmm_fences.StreamOrderedPoolMemoryResource",
             adaptor=True,
             params={**_SIZES, "maximum_growth_size": "size"},
             stream_ordered=True,
-            doc="rmm_fences StreamOrderedPoolMemoryResource",
+            aliases=("pool",),
+            doc="rmm_fences StreamOrderedPoolMemoryResource (shorthand: pool)",
         ),
         _Kind(
             name="sync_on_free",
@@ -197,6 +204,7 @@ RESOURCES = {
             doc="rmm_fences.unsafe UnmappingVmmMemoryResource",
         ),
     )
+    for name in (kind.name, *kind.aliases)
 }
 
 #: rmm resources that specs do not name, with their ``stream_ordered`` (see :class:`_Kind`).
