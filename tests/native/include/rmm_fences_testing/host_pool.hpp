@@ -30,6 +30,7 @@
  */
 #pragma once
 
+#include <rmm_fences/detail/stream_identity.hpp>
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
 
 #include <atomic>

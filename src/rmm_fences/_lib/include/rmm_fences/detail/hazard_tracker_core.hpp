@@ -5,7 +5,6 @@
  * and freed blocks and the rules that name a hazard. No CUDA calls: streams, fences and the
  * upstream are template parameters, so the CPU tests run this very code on a simulated device.
  * This header holds the calls (allocate, free, record_stream, queries); its parts are
- *   tracker/stream_keys.hpp        stream keys of per-thread default streams
  *   tracker/allocation_ledger.hpp  the live blocks and the recently freed addresses
  *   tracker/fence_checks.hpp       the fence checks at a free and an allocation (detection)
  *   tracker/freed_ranges.hpp       freed ranges watched until their fence completes
@@ -18,7 +17,8 @@
  *   fence_state: an enum with complete, pending, failed (what a non-blocking test found)
  *   static std::uintptr_t key(stream_type)           stream identity in records; a per-thread
  *                                                     default stream's key names its thread
- *                                                     (`per_thread_stream_key`)
+ *                                                     (`per_thread_stream_keys`,
+ *                                                     stream_identity.hpp)
  *   static std::optional<stream_type> stream(std::uintptr_t key)
  *                                                     and back; nullopt when the calling thread
  *                                                     cannot name that stream (another thread's
@@ -57,7 +57,6 @@
 #include <rmm_fences/detail/tracker/allocation_ledger.hpp>
 #include <rmm_fences/detail/tracker/fence_checks.hpp>
 #include <rmm_fences/detail/tracker/hazard_log.hpp>
-#include <rmm_fences/detail/tracker/stream_keys.hpp>
 #include <rmm_fences/mr/hazards.hpp>
 #include <rmm_fences/mr/stats.hpp>
 

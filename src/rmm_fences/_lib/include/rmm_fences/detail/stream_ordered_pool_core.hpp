@@ -20,7 +20,6 @@
 #include <rmm_fences/detail/pool/request.hpp>
 #include <rmm_fences/detail/pool/shared_list.hpp>
 #include <rmm_fences/detail/pool/slot_table.hpp>
-#include <rmm_fences/detail/pool/stream_identity.hpp>
 #include <rmm_fences/detail/pool/stream_slot.hpp>
 #include <rmm_fences/detail/pool/thread_slot_cache.hpp>
 #include <rmm_fences/detail/spin_mutex.hpp>
