@@ -8,6 +8,10 @@ Spec(name='sync_on_free', inner=Spec(name='naive_cache', inner=Spec(name='cuda_a
 Grammar: ``name`` or ``name(inner, key=value, ...)``; the inner resource comes first and only
 adaptors take one. Sizes take ints or strings such as ``512MiB`` or ``2GB``. ``parse_spec``
 needs no GPU; ``compose`` builds the resources (on the current device).
+
+The two pools: ``stream_ordered_pool`` is rmm_fences' ``StreamOrderedPoolMemoryResource``, and
+``pool`` its shorthand (the same resource: a spec written with it keeps its meaning);
+``rmm_pool`` is rmm's ``PoolMemoryResource``.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class Spec:
 INHERITS = "inherits from upstream"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Kind:
     """One resource a spec can name, and everything rmm_fences knows about it."""
 
@@ -71,6 +75,8 @@ class _Kind:
     ``upstream_stream_ordered`` from this."""
     doc: str
     required: tuple = ()
+    aliases: tuple = ()
+    """Other names of it in specs (shorthands), each a key of :data:`RESOURCES`."""
     factory: Callable | None = None
     """``factory(cls, upstream, kwargs)`` builds it; default ``cls(upstream, **kwargs)`` for an
     adaptor, ``cls(**kwargs)`` otherwise."""
@@ -84,119 +90,121 @@ class _Kind:
 
 _SIZES = {"initial_pool_size": "size", "maximum_pool_size": "size"}
 
-#: The resources of specs, by name.
+#: The resources of specs, by name (a resource's aliases included).
 RESOURCES = {
-    kind.name: kind
+    name: kind
     for kind in (
         _Kind(
-            "cuda",
-            "rmm.mr.CudaMemoryResource",
-            False,
-            {},
-            True,
+            name="cuda",
+            cls="rmm.mr.CudaMemoryResource",
+            adaptor=False,
+            params={},
+            stream_ordered=True,
             doc="rmm CudaMemoryResource (cudaMalloc/cudaFree)",
         ),
         _Kind(
-            "cuda_async",
-            "rmm.mr.CudaAsyncMemoryResource",
-            False,
-            {"initial_pool_size": "size", "release_threshold": "size"},
-            True,
+            name="cuda_async",
+            cls="rmm.mr.CudaAsyncMemoryResource",
+            adaptor=False,
+            params={"initial_pool_size": "size", "release_threshold": "size"},
+            stream_ordered=True,
             doc="rmm CudaAsyncMemoryResource (cudaMallocAsync)",
         ),
         _Kind(
-            "managed",
-            "rmm.mr.ManagedMemoryResource",
-            False,
-            {},
-            True,
+            name="managed",
+            cls="rmm.mr.ManagedMemoryResource",
+            adaptor=False,
+            params={},
+            stream_ordered=True,
             doc="rmm ManagedMemoryResource",
         ),
         _Kind(
-            "rmm_pool",
-            "rmm.mr.PoolMemoryResource",
-            True,
-            _SIZES,
-            True,
+            name="rmm_pool",
+            cls="rmm.mr.PoolMemoryResource",
+            adaptor=True,
+            params=_SIZES,
+            stream_ordered=True,
             doc="rmm PoolMemoryResource",
         ),
         _Kind(
-            "arena",
-            "rmm.mr.ArenaMemoryResource",
-            True,
-            {"arena_size": "size"},
-            True,
+            name="arena",
+            cls="rmm.mr.ArenaMemoryResource",
+            adaptor=True,
+            params={"arena_size": "size"},
+            stream_ordered=True,
             doc="rmm ArenaMemoryResource",
         ),
         _Kind(
-            "limiting",
-            "rmm.mr.LimitingResourceAdaptor",
-            True,
-            {"allocation_limit": "size"},
-            INHERITS,
+            name="limiting",
+            cls="rmm.mr.LimitingResourceAdaptor",
+            adaptor=True,
+            params={"allocation_limit": "size"},
+            stream_ordered=INHERITS,
             required=("allocation_limit",),
             factory=lambda cls, upstream, kw: cls(upstream, kw["allocation_limit"]),
             doc="rmm LimitingResourceAdaptor",
         ),
         _Kind(
-            "statistics",
-            "rmm.mr.StatisticsResourceAdaptor",
-            True,
-            {},
-            INHERITS,
+            name="statistics",
+            cls="rmm.mr.StatisticsResourceAdaptor",
+            adaptor=True,
+            params={},
+            stream_ordered=INHERITS,
             doc="rmm StatisticsResourceAdaptor",
         ),
         _Kind(
-            "pool",
-            "rmm_fences.StreamOrderedPoolMemoryResource",
-            True,
-            {**_SIZES, "maximum_growth_size": "size"},
-            True,
-            doc="rmm_fences StreamOrderedPoolMemoryResource",
+            name="stream_ordered_pool",
+            cls="rmm_fences.StreamOrderedPoolMemoryResource",
+            adaptor=True,
+            params={**_SIZES, "maximum_growth_size": "size"},
+            stream_ordered=True,
+            aliases=("pool",),
+            doc="rmm_fences StreamOrderedPoolMemoryResource (shorthand: pool)",
         ),
         _Kind(
-            "sync_on_free",
-            "rmm_fences.SyncOnFreeResourceAdaptor",
-            True,
-            {
+            name="sync_on_free",
+            cls="rmm_fences.SyncOnFreeResourceAdaptor",
+            adaptor=True,
+            params={
                 "mode": ("deferred", "stream", "device"),
                 "max_pending_bytes": "size",
                 "max_batch_frees": "int",
                 "max_batch_bytes": "size",
             },
-            True,
+            stream_ordered=True,
             doc="rmm_fences SyncOnFreeResourceAdaptor",
         ),
         _Kind(
-            "tracking",
-            "rmm_fences.HazardTrackingResourceAdaptor",
-            True,
-            {
+            name="tracking",
+            cls="rmm_fences.HazardTrackingResourceAdaptor",
+            adaptor=True,
+            params={
                 "on_hazard": ("warn", "raise", "record"),
                 "capture_stacks": "bool",
                 "upstream_stream_ordered": "bool",
                 "nvtx": "bool",
             },
-            INHERITS,
+            stream_ordered=INHERITS,
             doc="rmm_fences HazardTrackingResourceAdaptor",
         ),
         _Kind(
-            "naive_cache",
-            "rmm_fences.unsafe.NaiveCachingMemoryResource",
-            True,
-            {},
-            False,
+            name="naive_cache",
+            cls="rmm_fences.unsafe.NaiveCachingMemoryResource",
+            adaptor=True,
+            params={},
+            stream_ordered=False,
             doc="rmm_fences.unsafe NaiveCachingMemoryResource",
         ),
         _Kind(
-            "vmm_unmap",
-            "rmm_fences.unsafe.UnmappingVmmMemoryResource",
-            False,
-            {"reserve_size": "size", "device": "int"},
-            False,
+            name="vmm_unmap",
+            cls="rmm_fences.unsafe.UnmappingVmmMemoryResource",
+            adaptor=False,
+            params={"reserve_size": "size", "device": "int"},
+            stream_ordered=False,
             doc="rmm_fences.unsafe UnmappingVmmMemoryResource",
         ),
     )
+    for name in (kind.name, *kind.aliases)
 }
 
 #: rmm resources that specs do not name, with their ``stream_ordered`` (see :class:`_Kind`).

@@ -109,6 +109,7 @@ def test_every_name_is_documented():
         "limiting",
         "statistics",
         "pool",
+        "stream_ordered_pool",
         "sync_on_free",
         "tracking",
         "naive_cache",

@@ -21,6 +21,10 @@ SPECS = {
         "pool(cuda_async, initial_pool_size=64MiB)",
         rmm_fences.StreamOrderedPoolMemoryResource,
     ),
+    "stream_ordered_pool": (
+        "stream_ordered_pool(cuda, maximum_growth_size=8MiB)",
+        rmm_fences.StreamOrderedPoolMemoryResource,
+    ),
     "sync_on_free": (
         "sync_on_free(naive_cache(cuda), mode=stream)",
         rmm_fences.SyncOnFreeResourceAdaptor,

@@ -96,11 +96,11 @@ def test_upstream_must_be_a_resource(cls, bad, got, keyword):
 
 
 def test_rmm_refuses_a_none_upstream_with_a_bare_exception():
-    """Why each adaptor is a Python class over a private cdef class (memory_resource.pyx): rmm's
-    ``UpstreamResourceAdaptor.__cinit__`` runs before a subclass's and refuses None with a bare
-    ``Exception``, and a cdef class cannot have a ``__new__`` that checks first. Once this
-    fails (rmm raises TypeError for None), the adaptors can be single cdef classes, as rmm's
-    are, and let Cython's typed-argument TypeError speak."""
+    """Why the public adaptors check ``upstream_mr`` in a Python ``__new__`` over their cdef
+    class (memory_resource.pyx, ``_UpstreamFirst``): rmm's ``UpstreamResourceAdaptor.__cinit__``
+    runs before a subclass's and refuses None with a bare ``Exception``, and a cdef class cannot
+    have a ``__new__`` that checks first. Once this fails (rmm raises TypeError for None), that
+    check can go and Cython's typed-argument TypeError speak, as for rmm's adaptors."""
     with pytest.raises(Exception, match="Argument `upstream_mr` must not be None") as info:
         rmm.mr.StatisticsResourceAdaptor(None)
     assert type(info.value) is Exception

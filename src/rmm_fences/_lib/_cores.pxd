@@ -37,6 +37,7 @@ cdef extern from "rmm_fences/mr/free_result.hpp" namespace "rmm_fences::mr" nogi
         unknown
         pending
         size_mismatch
+        foreign_stream
 
     cdef struct free_result:
         free_check check

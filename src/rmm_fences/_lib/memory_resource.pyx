@@ -3,13 +3,19 @@
 """RMM memory resources of rmm_fences, bound as subclasses of rmm's resources.
 
 The C++ classes are declared in memory_resource.pxd; this module holds only the Python-facing
-classes. Each resource is one ``cdef class`` over its public C++ class. The adaptors of an
-upstream also get a Python class of the public name whose ``__new__`` checks ``upstream_mr``:
-rmm's ``UpstreamResourceAdaptor.__cinit__`` runs before any subclass's ``__cinit__`` and refuses
-None with a bare ``Exception("Argument `upstream_mr` must not be None")`` (other types get
-Cython's TypeError), and Cython allows no ``__new__`` on a cdef class, so the check that makes
-every bad upstream a TypeError cannot live in the cdef class
-(tests/package/test_package.py::test_rmm_refuses_a_none_upstream_with_a_bare_exception).
+classes. Each resource is one ``cdef class`` over its public C++ class, in rmm's shape: its
+``__cinit__`` builds the C++ resource from the arguments, with the defaults of the signature.
+An adaptor of an upstream is that cdef class under its public name, plus two things a cdef class
+cannot hold, in a Python subclass of it:
+
+- the check of ``upstream_mr`` (``_UpstreamFirst.__new__``, shared): rmm's
+  ``UpstreamResourceAdaptor.__cinit__`` runs before any subclass's ``__cinit__`` and refuses None
+  with a bare ``Exception("Argument `upstream_mr` must not be None")`` (other types get Cython's
+  TypeError), and Cython allows no ``__new__`` on a cdef class
+  (tests/package/test_package.py::test_rmm_refuses_a_none_upstream_with_a_bare_exception);
+- the signature, rmm's documented no-op ``__init__``: Python 3.11's ``inspect.signature`` cannot
+  read a cdef class's ``__init__``. Its defaults are those of the ``__cinit__``
+  (tests/package/test_adaptor_defaults.py).
 """
 
 import atexit
@@ -93,12 +99,19 @@ cdef Stream _resource_stream(object stream):
     return as_stream(stream)
 
 
-def _check_upstream(upstream_mr):
-    if not isinstance(upstream_mr, DeviceMemoryResource):
-        raise TypeError(
-            "upstream_mr must be an rmm.mr.DeviceMemoryResource "
-            f"(e.g. rmm.mr.CudaMemoryResource()), got {type(upstream_mr).__name__}"
-        )
+class _UpstreamFirst:
+    """Base of the public adaptors: checks ``upstream_mr`` before rmm's
+    ``UpstreamResourceAdaptor.__cinit__`` sees it (see the module docstring)."""
+
+    __slots__ = ()
+
+    def __new__(cls, upstream_mr, *args, **kwargs):
+        if not isinstance(upstream_mr, DeviceMemoryResource):
+            raise TypeError(
+                "upstream_mr must be an rmm.mr.DeviceMemoryResource "
+                f"(e.g. rmm.mr.CudaMemoryResource()), got {type(upstream_mr).__name__}"
+            )
+        return super().__new__(cls, upstream_mr, *args, **kwargs)
 
 
 cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
@@ -125,11 +138,6 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
             c_batch_bytes,
         ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
-
-    def __init__(self, upstream_mr, mode="deferred", max_pending_bytes=None,
-                 max_batch_frees=default_max_batch_frees,
-                 max_batch_bytes=default_max_batch_bytes):
-        pass
 
     def __repr__(self):
         return (
@@ -240,7 +248,7 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         return deref(self.c_obj).stats()
 
 
-class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
+class SyncOnFreeResourceAdaptor(_UpstreamFirst, _SyncOnFreeResourceAdaptor):
     """Make freeing safe while kernels may still use the block, over any upstream.
 
     Parameters
@@ -289,12 +297,10 @@ class SyncOnFreeResourceAdaptor(_SyncOnFreeResourceAdaptor):
     >>> rmm.mr.set_current_device_resource(mr)
     """
 
-    def __new__(cls, upstream_mr, mode="deferred", max_pending_bytes=None,
-                max_batch_frees=default_max_batch_frees,
-                max_batch_bytes=default_max_batch_bytes):
-        _check_upstream(upstream_mr)
-        return super().__new__(
-            cls, upstream_mr, mode, max_pending_bytes, max_batch_frees, max_batch_bytes)
+    def __init__(self, upstream_mr, mode="deferred", max_pending_bytes=None,
+                 max_batch_frees=default_max_batch_frees,
+                 max_batch_bytes=default_max_batch_bytes):
+        pass
 
 
 cdef class _NaiveCachingMemoryResource(UpstreamResourceAdaptor):
@@ -305,9 +311,6 @@ cdef class _NaiveCachingMemoryResource(UpstreamResourceAdaptor):
             any_resource[device_accessible](upstream_mr.get_mr())
         ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
-
-    def __init__(self, upstream_mr):
-        pass
 
     def __repr__(self):
         return f"{type(self).__name__}({type(self.get_upstream()).__name__}())"
@@ -333,7 +336,7 @@ cdef class _NaiveCachingMemoryResource(UpstreamResourceAdaptor):
         return deref(self.c_obj).misses()
 
 
-class NaiveCachingMemoryResource(_NaiveCachingMemoryResource):
+class NaiveCachingMemoryResource(_UpstreamFirst, _NaiveCachingMemoryResource):
     """UNSAFE ON PURPOSE: a cache that reuses freed blocks on any stream without a fence.
 
     A freed block is cached under its size and handed to the next allocation of that size,
@@ -350,9 +353,8 @@ class NaiveCachingMemoryResource(_NaiveCachingMemoryResource):
         when the resource is destroyed.
     """
 
-    def __new__(cls, upstream_mr):
-        _check_upstream(upstream_mr)
-        return super().__new__(cls, upstream_mr)
+    def __init__(self, upstream_mr):
+        pass
 
 
 cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
@@ -391,10 +393,6 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
                 any_resource[device_accessible](upstream_mr.get_mr()), initial, maximum, growth,
             ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
-
-    def __init__(self, upstream_mr, initial_pool_size=0, maximum_pool_size=None,
-                 maximum_growth_size=None):
-        pass
 
     def __repr__(self):
         return (
@@ -530,7 +528,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         return deref(self.c_obj).stats()
 
 
-class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
+class StreamOrderedPoolMemoryResource(_UpstreamFirst, _StreamOrderedPoolMemoryResource):
     """A pool that is safe without any host synchronization: reuse follows stream order.
 
     Parameters
@@ -578,12 +576,9 @@ class StreamOrderedPoolMemoryResource(_StreamOrderedPoolMemoryResource):
     destroyed. The pool belongs to the device current at construction.
     """
 
-    def __new__(cls, upstream_mr, initial_pool_size=0, maximum_pool_size=None,
-                maximum_growth_size=None):
-        _check_upstream(upstream_mr)
-        return super().__new__(
-            cls, upstream_mr, initial_pool_size, maximum_pool_size, maximum_growth_size
-        )
+    def __init__(self, upstream_mr, initial_pool_size=0, maximum_pool_size=None,
+                 maximum_growth_size=None):
+        pass
 
 
 cdef cbool _python_stack(string& out) noexcept with gil:
@@ -633,6 +628,22 @@ def _pointer_of(buffer_or_ptr) -> int:
     )
 
 
+def _check_tracker_options(upstream_stream_ordered, capture_stacks, on_hazard, nvtx,
+                           report_at_exit):
+    """The tracker's arguments after the upstream: ValueError or TypeError naming the bad one."""
+    if on_hazard not in ("warn", "raise", "record"):
+        raise ValueError(
+            f"on_hazard must be one of 'warn', 'raise', 'record'; got {on_hazard!r}")
+    for name, value in (("capture_stacks", capture_stacks), ("nvtx", nvtx),
+                        ("report_at_exit", report_at_exit)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    if upstream_stream_ordered is not None and not isinstance(upstream_stream_ordered, bool):
+        raise TypeError(
+            "upstream_stream_ordered must be None (infer) or a bool, got "
+            f"{type(upstream_stream_ordered).__name__}")
+
+
 cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
     cdef unique_ptr[hazard_tracking_resource_adaptor] c_obj
     cdef readonly str on_hazard
@@ -647,7 +658,8 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
 
     def __cinit__(self, DeviceMemoryResource upstream_mr, *, upstream_stream_ordered=None,
                   capture_stacks=False, on_hazard="warn", nvtx=True, report_at_exit=False):
-        # the arguments were checked by HazardTrackingResourceAdaptor.__new__
+        _check_tracker_options(upstream_stream_ordered, capture_stacks, on_hazard, nvtx,
+                               report_at_exit)
         if upstream_stream_ordered is None:
             upstream_stream_ordered = _infer_stream_ordered(upstream_mr)
         self.on_hazard = on_hazard
@@ -668,10 +680,6 @@ cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
         if self.capture_stacks:
             deref(self.c_obj).set_capture_stacks(True, _python_stack)
         _live_trackers.add(self)
-
-    def __init__(self, upstream_mr, *, upstream_stream_ordered=None, capture_stacks=False,
-                 on_hazard="warn", nvtx=True, report_at_exit=False):
-        pass
 
     def __repr__(self):
         return (
@@ -857,7 +865,7 @@ def _infer_stream_ordered(mr) -> bool:
     return _stream_ordered(mr)
 
 
-class HazardTrackingResourceAdaptor(_HazardTrackingResourceAdaptor):
+class HazardTrackingResourceAdaptor(_UpstreamFirst, _HazardTrackingResourceAdaptor):
     """Track every live allocation and report the hazards of freeing while work may use it.
 
     Parameters
@@ -927,24 +935,9 @@ class HazardTrackingResourceAdaptor(_HazardTrackingResourceAdaptor):
     >>> print(mr.report())  # doctest: +SKIP
     """
 
-    def __new__(cls, upstream_mr, *, upstream_stream_ordered=None, capture_stacks=False,
-                on_hazard="warn", nvtx=True, report_at_exit=False):
-        _check_upstream(upstream_mr)
-        if on_hazard not in ("warn", "raise", "record"):
-            raise ValueError(
-                f"on_hazard must be one of 'warn', 'raise', 'record'; got {on_hazard!r}")
-        for name, value in (("capture_stacks", capture_stacks), ("nvtx", nvtx),
-                            ("report_at_exit", report_at_exit)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-        if upstream_stream_ordered is not None and not isinstance(upstream_stream_ordered, bool):
-            raise TypeError(
-                "upstream_stream_ordered must be None (infer) or a bool, got "
-                f"{type(upstream_stream_ordered).__name__}")
-        return super().__new__(
-            cls, upstream_mr, upstream_stream_ordered=upstream_stream_ordered,
-            capture_stacks=capture_stacks, on_hazard=on_hazard, nvtx=nvtx,
-            report_at_exit=report_at_exit)
+    def __init__(self, upstream_mr, *, upstream_stream_ordered=None, capture_stacks=False,
+                 on_hazard="warn", nvtx=True, report_at_exit=False):
+        pass
 
 
 cdef class UnmappingVmmMemoryResource(DeviceMemoryResource):

@@ -30,6 +30,7 @@
  */
 #pragma once
 
+#include <rmm_fences/detail/stream_identity.hpp>
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
 
 #include <atomic>
@@ -560,11 +561,9 @@ class host_pool {
   {
     auto const at = log_->tick();
     auto const r  = core_.deallocate_checked(stream, p, bytes);
-    if (r.status == rmm_fences::mr::detail::free_status::done) {
-      log_->note_free(p, bytes, stream, at);
-    }
+    if (r.check == rmm_fences::mr::free_check::ok) { log_->note_free(p, bytes, stream, at); }
     if (allocated != nullptr) { *allocated = r.allocated_bytes; }
-    return static_cast<int>(r.status);
+    return rmm_fences::mr::detail::pool::status_code(r);
   }
 
   /// The noexcept free (what rmm's resource_ref calls).

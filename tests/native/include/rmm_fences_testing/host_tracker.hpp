@@ -11,6 +11,7 @@
 #pragma once
 
 #include <rmm_fences/detail/hazard_tracker_core.hpp>
+#include <rmm_fences/detail/stream_identity.hpp>
 #include <rmm_fences/mr/hazards.hpp>
 
 #include <barrier>

@@ -2,11 +2,12 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * CUDA mechanism (docs/design.md#layers, CUDA platforms): pooled events as fences, capture state,
- * device guard.
+ * stream keys and identities, device guard.
  */
 #pragma once
 
 #include <rmm_fences/detail/driver_api.hpp>
+#include <rmm_fences/detail/stream_identity.hpp>
 
 #include <rmm/cuda_device.hpp>
 #include <rmm/detail/error.hpp>
@@ -17,6 +18,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace rmm_fences::mr::detail {
@@ -118,7 +120,8 @@ inline bool is_capturing(cuda::stream_ref stream) noexcept
  * @brief The CUDA operations every platform shares: pooled or created events as fences
  * (`fence_type`), `record`, the fence tests `query` / `ready`, `host_wait` (the host blocks),
  * `device_wait` (a stream waits on the device: the host does not block), `is_capturing`,
- * `sync_stream`; `sync_device_of` for the platforms' `sync_device`.
+ * `sync_stream`; how streams are named: `key` and back `stream`, `query_stream_id`,
+ * `captured_stream_id`; `sync_device_of` for the platforms' `sync_device`.
  *
  * `query`, `ready`, `host_wait`, `record`, `device_wait` and `sync_stream` run in relaxed
  * capture mode: while another thread captures in the global mode (the default of
@@ -201,6 +204,68 @@ struct cuda_platform_base {
     return false;
   }
 
+  /**
+   * @brief The key of `stream` in a core's records, without a CUDA call: its handle; the legacy
+   * default stream is 0 however it is named, and the per-thread default stream (one handle on
+   * every thread, another stream on each) is keyed by its thread (`per_thread_stream_keys`).
+   */
+  static std::uintptr_t key(cuda::stream_ref stream) noexcept
+  {
+    auto const handle = stream.get();
+    if (handle == cudaStreamPerThread) {
+      return per_thread_stream_keys::key(per_thread_stream_keys::this_thread_token());
+    }
+    return handle == cudaStreamLegacy ? 0 : reinterpret_cast<std::uintptr_t>(handle);
+  }
+
+  /// The stream of `key`, or nullopt for another thread's per-thread default stream (its
+  /// handle would name the calling thread's own).
+  static std::optional<cuda::stream_ref> stream(std::uintptr_t key) noexcept
+  {
+    if (per_thread_stream_keys::is_per_thread(key)) {
+      if (key != per_thread_stream_keys::key(per_thread_stream_keys::this_thread_token())) {
+        return std::nullopt;
+      }
+      return cuda::stream_ref{cudaStreamPerThread};
+    }
+    return cuda::stream_ref{reinterpret_cast<cudaStream_t>(key)};
+  }
+
+  /**
+   * @brief The process-unique id of the stream `handle` (`cuStreamGetId`, else the runtime's
+   * `cudaStreamGetId`): never reused, so a handle reused after `cudaStreamDestroy` has a new
+   * one. Empty when neither answers.
+   *
+   * Never on a capturing stream: the query would invalidate the capture. The caller chooses the
+   * capture mode it runs in (a `relaxed_capture_scope` or not).
+   */
+  static std::optional<std::uint64_t> query_stream_id(cudaStream_t handle) noexcept
+  {
+    unsigned long long id{};
+    if (auto const get = driver_api::get().stream_get_id; get != nullptr) {
+      if (get(reinterpret_cast<CUstream>(handle), &id) == CUDA_SUCCESS) { return id; }
+    }
+    if (cudaStreamGetId(handle, &id) == cudaSuccess) { return id; }
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+
+  /**
+   * @brief The identity of the capturing stream `handle`: its capture id mixed with its handle
+   * (`capturing_stream_identity`, bit 62 set: stream ids never reach it), or, when the capture
+   * cannot be asked, the handle with bits 61 and 62 set.
+   */
+  static std::uint64_t captured_stream_id(cudaStream_t handle) noexcept
+  {
+    cudaStreamCaptureStatus status{};
+    unsigned long long id{};
+    if (cudaStreamGetCaptureInfo(handle, &status, &id) == cudaSuccess) {
+      return capturing_stream_identity(id, reinterpret_cast<std::uintptr_t>(handle));
+    }
+    (void)cudaGetLastError();
+    return (std::uint64_t{3} << 61) | reinterpret_cast<std::uintptr_t>(handle);
+  }
+
  protected:
   /// Synchronizes `device` (in the caller's capture mode); false when that failed.
   static bool sync_device_of(rmm::cuda_device_id device) noexcept
@@ -243,34 +308,12 @@ class cuda_platform : public cuda_platform_base {
     return sync_device_of(device_);
   }
 
-  /**
-   * @brief The list key of `stream`: its handle, except the per-thread default stream
-   * (one handle value for every thread), which is told apart by the calling thread.
-   */
-  static std::uintptr_t key(cuda::stream_ref stream) noexcept
-  {
-    if (stream.get() == cudaStreamPerThread) {
-      static thread_local char per_thread_token{};
-      return reinterpret_cast<std::uintptr_t>(&per_thread_token);
-    }
-    return reinterpret_cast<std::uintptr_t>(stream.get());
-  }
-
-  /**
-   * @brief The process-unique id of `stream` (`cuStreamGetId`), or 0 when unknown.
-   *
-   * Never call it on a capturing stream: it would invalidate the capture.
-   */
+  /// The process-unique id of `stream` (`query_stream_id`, in relaxed capture mode), or 0 when
+  /// unknown. Never called on a capturing stream.
   static std::uint64_t stream_id(cuda::stream_ref stream) noexcept
   {
     relaxed_capture_scope relaxed;
-    unsigned long long id = 0;
-    if (auto const get_id = driver_api::get().stream_get_id; get_id != nullptr) {
-      if (get_id(reinterpret_cast<CUstream>(stream.get()), &id) == CUDA_SUCCESS) { return id; }
-    }
-    if (cudaStreamGetId(stream.get(), &id) == cudaSuccess) { return id; }
-    (void)cudaGetLastError();
-    return 0;
+    return query_stream_id(stream.get()).value_or(0);
   }
 
   static cuda::stream_ref default_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }

@@ -8,7 +8,6 @@
 
 #include <rmm_fences/detail/cuda_events.hpp>
 #include <rmm_fences/detail/driver_api.hpp>
-#include <rmm_fences/detail/pool/stream_identity.hpp>
 
 #include <rmm/cuda_device.hpp>
 #include <rmm/detail/error.hpp>
@@ -50,14 +49,14 @@ class cuda_pool_platform : public cuda_platform_base {
    *
    * `cuStreamGetId` on a capturing stream invalidates the capture in every capture mode (seen
    * on the H200, driver 580), so a capturing stream is identified by its capture id mixed with
-   * its handle (`capturing_stream_identity`): streams forked into one capture share the id,
-   * and must not share a cache (their branches run in parallel in the graph).
+   * its handle (`captured_stream_id`): streams forked into one capture share the id, and must
+   * not share a cache (their branches run in parallel in the graph).
    */
   std::uint64_t stream_id(cuda::stream_ref stream) const noexcept
   {
     auto const handle = stream.get();
     if (handle == nullptr || handle == cudaStreamLegacy) { return legacy_stream_id; }
-    if (rmm_fences::mr::detail::is_capturing(stream)) { return capture_identity(handle); }
+    if (rmm_fences::mr::detail::is_capturing(stream)) { return captured_stream_id(handle); }
     if (handle == cudaStreamPerThread) {
       thread_local int cached_device = -1;
       thread_local std::uint64_t cached_id{};
@@ -200,30 +199,12 @@ class cuda_pool_platform : public cuda_platform_base {
   }
 
  private:
-  /// Identities of captured streams: (capture id, handle) mixed, bit 62 set (stream ids
-  /// never reach it).
-  static std::uint64_t capture_identity(cudaStream_t handle) noexcept
-  {
-    cudaStreamCaptureStatus status{};
-    unsigned long long id{};
-    if (cudaStreamGetCaptureInfo(handle, &status, &id) == cudaSuccess) {
-      return capturing_stream_identity(id, reinterpret_cast<std::uintptr_t>(handle));
-    }
-    (void)cudaGetLastError();
-    return (std::uint64_t{3} << 61) | reinterpret_cast<std::uintptr_t>(handle);
-  }
-
   static std::uint64_t query_id(cudaStream_t handle) noexcept
   {
     // `handle` is not capturing (checked first); a query of it leaves another stream's
     // global-mode capture valid (docs/stream_ordered_pool.md, measured on an H200), so no
     // capture-mode exchange.
-    unsigned long long id{};
-    if (auto const get = driver_api::get().stream_get_id; get != nullptr) {
-      if (get(reinterpret_cast<CUstream>(handle), &id) == CUDA_SUCCESS) { return id; }
-    }
-    if (cudaStreamGetId(handle, &id) == cudaSuccess) { return id; }
-    (void)cudaGetLastError();
+    if (auto const id = query_stream_id(handle)) { return *id; }
     // An invalid handle: give it an identity of its own that is never shared.
     return reinterpret_cast<std::uintptr_t>(handle) | (std::uint64_t{1} << 63);
   }

@@ -5,7 +5,6 @@
  * and freed blocks and the rules that name a hazard. No CUDA calls: streams, fences and the
  * upstream are template parameters, so the CPU tests run this very code on a simulated device.
  * This header holds the calls (allocate, free, record_stream, queries); its parts are
- *   tracker/stream_keys.hpp        stream keys of per-thread default streams
  *   tracker/allocation_ledger.hpp  the live blocks and the recently freed addresses
  *   tracker/fence_checks.hpp       the fence checks at a free and an allocation (detection)
  *   tracker/freed_ranges.hpp       freed ranges watched until their fence completes
@@ -18,7 +17,8 @@
  *   fence_state: an enum with complete, pending, failed (what a non-blocking test found)
  *   static std::uintptr_t key(stream_type)           stream identity in records; a per-thread
  *                                                     default stream's key names its thread
- *                                                     (`per_thread_stream_key`)
+ *                                                     (`per_thread_stream_keys`,
+ *                                                     stream_identity.hpp)
  *   static std::optional<stream_type> stream(std::uintptr_t key)
  *                                                     and back; nullopt when the calling thread
  *                                                     cannot name that stream (another thread's
@@ -57,7 +57,7 @@
 #include <rmm_fences/detail/tracker/allocation_ledger.hpp>
 #include <rmm_fences/detail/tracker/fence_checks.hpp>
 #include <rmm_fences/detail/tracker/hazard_log.hpp>
-#include <rmm_fences/detail/tracker/stream_keys.hpp>
+#include <rmm_fences/mr/free_result.hpp>
 #include <rmm_fences/mr/hazards.hpp>
 #include <rmm_fences/mr/stats.hpp>
 
@@ -358,18 +358,17 @@ class hazard_tracker_core {
   /// and forgotten, to be handed to the upstream.
   [[gnu::always_inline]] free_outcome untrack_locked(call_site const& c)
   {
-    auto const key    = c.key();
-    auto* const block = ledger_.find(key);
-    if (block == nullptr) { return {reject_unknown_locked(c), false}; }
-    auto const match = tracker::allocation_ledger::find_size(*block, c.bytes);
-    if (match.block == nullptr) {
+    auto const key   = c.key();
+    auto const match = ledger_.match_free(key, c.bytes);
+    if (match.result.check == free_check::unknown) { return {reject_unknown_locked(c), false}; }
+    if (match.result.check == free_check::size_mismatch) {
       hazard_record hazard{.kind             = hazard_kind::size_mismatch,
                            .ptr              = key,
                            .size             = c.bytes,
-                           .tracked_size     = block->size,
+                           .tracked_size     = match.result.allocated_bytes,
                            .stream           = Platform::key(c.stream),
                            .stack            = c.stack,
-                           .allocation_stack = block->stack};
+                           .allocation_stack = match.head->stack};
       stats_.rejected_frees += 1;
       return {log_.stop_or_note(std::move(hazard), c.stopped, c.notices), false};
     }
@@ -383,7 +382,7 @@ class hazard_tracker_core {
     ledger_.remember_freed(key, c.bytes);
     stats_.deallocations += 1;
     stats_.allocated_bytes -= c.bytes;
-    if (ledger_.remove(key, *block, match)) { platform_.annotate_free(c.ptr); }
+    if (ledger_.remove(key, match)) { platform_.annotate_free(c.ptr); }
     return {false, true};
   }
 

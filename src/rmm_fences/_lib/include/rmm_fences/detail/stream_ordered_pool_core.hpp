@@ -20,7 +20,6 @@
 #include <rmm_fences/detail/pool/request.hpp>
 #include <rmm_fences/detail/pool/shared_list.hpp>
 #include <rmm_fences/detail/pool/slot_table.hpp>
-#include <rmm_fences/detail/pool/stream_identity.hpp>
 #include <rmm_fences/detail/pool/stream_slot.hpp>
 #include <rmm_fences/detail/pool/thread_slot_cache.hpp>
 #include <rmm_fences/detail/spin_mutex.hpp>
@@ -208,7 +207,7 @@ class stream_ordered_pool_core {
   void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t) noexcept
   {
     auto const r = deallocate_checked(stream, ptr, bytes);
-    if (r.status != free_status::done) [[unlikely]] {
+    if (r.check != free_check::ok) [[unlikely]] {
       pool::report_rejected_free(platform_, r, ptr, bytes);
     }
   }
@@ -224,14 +223,14 @@ class stream_ordered_pool_core {
       } catch (...) {  // no host memory for a new slot
         return free_without_slot(ptr, bytes);
       }
-      if (ref.slot == nullptr) { return rejected({free_status::foreign_stream, 0}); }
+      if (ref.slot == nullptr) { return rejected({free_check::foreign_stream, 0}); }
       std::unique_lock<spin_mutex> lock(ref.slot->mutex);
       if (ref.stale_locked()) { continue; }
       ++ref.slot->uses;
       auto const key = pool::live_blocks::key_of(ptr);
       auto const r   = ref.slot->forget_live_locked(
         key, bytes, lock, [&] { return take_live_elsewhere(ref.slot, key, bytes); });
-      if (r.status != free_status::done) { return rejected(r); }
+      if (r.check != free_check::ok) { return rejected(r); }
       // Without host memory to cache it, the block stays allocated (never reused early).
       if (ref.slot->cache_free_locked(static_cast<char*>(ptr), round_to_granule(bytes))) {
         switch (ref.slot->fencing_locked()) {
@@ -535,7 +534,7 @@ class stream_ordered_pool_core {
   free_result free_without_slot(void* ptr, std::size_t bytes) noexcept
   {
     auto const r = take_live_elsewhere(nullptr, pool::live_blocks::key_of(ptr), bytes);
-    if (r.status != free_status::done) { return rejected(r); }
+    if (r.check != free_check::ok) { return rejected(r); }
     auto const size = round_to_granule(bytes);
     counters_.add_current(-static_cast<std::int64_t>(size));
     orphans_.add(std::array<pool::untagged_block, 1>{{{static_cast<char*>(ptr), size}}});

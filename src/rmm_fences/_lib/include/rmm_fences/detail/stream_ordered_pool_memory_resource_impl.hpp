@@ -108,7 +108,7 @@ class stream_ordered_pool_memory_resource_impl {
   {
     auto const r = core_.deallocate_checked(stream, ptr, bytes);
     if (allocated_bytes != nullptr) { *allocated_bytes = r.allocated_bytes; }
-    return static_cast<int>(r.status);
+    return pool::status_code(r);
   }
 
   [[nodiscard]] void* allocate_sync(std::size_t bytes,

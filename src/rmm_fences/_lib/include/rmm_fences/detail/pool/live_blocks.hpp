@@ -7,6 +7,7 @@
 #pragma once
 
 #include <rmm_fences/detail/pointer_map.hpp>
+#include <rmm_fences/mr/free_result.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -15,20 +16,22 @@
 
 namespace rmm_fences::mr::detail {
 
-/// What a checked free found.
-enum class free_status : int {
-  done           = 0,  ///< freed
-  not_live       = 1,  ///< not a live block of this pool: double free or foreign pointer
-  size_mismatch  = 2,  ///< a live block, freed with another size than it was allocated with
-  foreign_stream = 3,  ///< the stream belongs to another device
-};
-
-struct free_result {
-  free_status status{free_status::done};
-  std::size_t allocated_bytes{};  ///< with `size_mismatch`: the size it was allocated with
-};
-
 namespace pool {
+
+/**
+ * @brief The code of a checked free in `stream_ordered_pool_memory_resource::deallocate_checked`:
+ * 0 freed (`ok`), 1 not a live block of this pool (`unknown`: a double free or a foreign
+ * pointer), 2 `size_mismatch`, 3 `foreign_stream` (a stream of another device).
+ */
+inline int status_code(free_result r) noexcept
+{
+  switch (r.check) {
+    case free_check::ok: return 0;
+    case free_check::size_mismatch: return 2;
+    case free_check::foreign_stream: return 3;
+    default: return 1;
+  }
+}
 
 /// Live blocks: address -> the bytes the allocation asked for.
 class live_blocks {
@@ -37,7 +40,7 @@ class live_blocks {
   void track(void* ptr, std::size_t bytes) { track(key_of(ptr), bytes); }
   void track(std::uintptr_t key, std::size_t bytes) { map_.insert_or_assign(key, bytes); }
 
-  /// A free of `key` with `bytes`: none when `key` is not listed; `done` (forgotten) when the
+  /// A free of `key` with `bytes`: none when `key` is not listed; `ok` (forgotten) when the
   /// size matches; `size_mismatch` (kept) when it does not.
   [[gnu::always_inline]] std::optional<free_result> forget(std::uintptr_t key,
                                                            std::size_t bytes) noexcept
@@ -45,7 +48,7 @@ class live_blocks {
     auto const i = map_.find_index(key);
     if (i == map_.npos) { return std::nullopt; }
     if (map_.value_at(i) != bytes) {
-      return free_result{free_status::size_mismatch, map_.value_at(i)};
+      return free_result{free_check::size_mismatch, map_.value_at(i)};
     }
     map_.erase_at(i);
     return free_result{};
@@ -75,8 +78,8 @@ template <typename Platform>
 {
   char line[256];
   char const* what = nullptr;
-  switch (r.status) {
-    case free_status::size_mismatch:
+  switch (r.check) {
+    case free_check::size_mismatch:
       std::snprintf(line,
                     sizeof(line),
                     "StreamOrderedPoolMemoryResource: rejected free of %p: size mismatch: "
@@ -86,7 +89,7 @@ template <typename Platform>
                     bytes);
       platform.report_rejected_free(line);
       return;
-    case free_status::foreign_stream: what = "the stream belongs to another device"; break;
+    case free_check::foreign_stream: what = "the stream belongs to another device"; break;
     default: what = "double free or foreign pointer (not a live block of this pool)"; break;
   }
   std::snprintf(line,

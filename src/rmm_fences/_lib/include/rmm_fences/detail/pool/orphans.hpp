@@ -54,7 +54,7 @@ class orphans {
   free_result forget_live(std::uintptr_t key, std::size_t bytes) noexcept
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    return live_.forget(key, bytes).value_or(free_result{free_status::not_live, 0});
+    return live_.forget(key, bytes).value_or(free_result{free_check::unknown, 0});
   }
 
   /// Takes every orphaned block out.

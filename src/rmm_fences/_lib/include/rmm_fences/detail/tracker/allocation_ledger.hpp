@@ -8,6 +8,7 @@
 
 #include <rmm_fences/detail/pointer_map.hpp>
 #include <rmm_fences/detail/stack_trace.hpp>
+#include <rmm_fences/mr/free_result.hpp>
 #include <rmm_fences/mr/hazards.hpp>
 
 #include <algorithm>
@@ -76,33 +77,42 @@ class allocation_ledger {
     shadowed_ += 1;
   }
 
-  /// A record among those of one address, and the record in front of it (nullptr: the head).
-  struct match {
-    live_block* parent{};
-    live_block* block{};
+  /// A free checked against the records (`match_free`): what it found, and where.
+  struct free_match {
+    free_result result;    ///< `ok`, `unknown` (not live) or `size_mismatch`
+    live_block* head{};    ///< the newest record of the address; nullptr when it is not live
+    live_block* parent{};  ///< the record in front of `block`; nullptr when `block` is the head
+    live_block* block{};   ///< the record of the freed size; nullptr unless `ok`
   };
 
-  /// The record of `bytes` bytes among those of `head` (several only after an
-  /// `allocated_while_live`); `block` is nullptr when none has that size.
-  static match find_size(live_block& head, std::size_t bytes) noexcept
+  /**
+   * @brief Checks a free of `bytes` at `ptr`: the record of that size among those of the
+   * address (several only after an `allocated_while_live`). A `size_mismatch` carries the
+   * newest record's size.
+   */
+  [[nodiscard]] free_match match_free(std::uintptr_t ptr, std::size_t bytes) noexcept
   {
-    match m{nullptr, &head};
-    while (m.block != nullptr && m.block->size != bytes) {
+    free_match m{{free_check::unknown, 0}, blocks_.find(ptr)};
+    if (m.head == nullptr) { return m; }
+    for (m.block = m.head; m.block != nullptr && m.block->size != bytes;
+         m.block = m.block->earlier.get()) {
       m.parent = m.block;
-      m.block  = m.block->earlier.get();
     }
+    m.result = m.block != nullptr ? free_result{free_check::ok, bytes}
+                                  : free_result{free_check::size_mismatch, m.head->size};
     return m;
   }
 
-  /// Removes the record `m` of the address `ptr` (head `head`); true when the address is no
+  /// Removes the record an `ok` match of the address `ptr` found; true when the address is no
   /// longer live.
-  bool remove(std::uintptr_t ptr, live_block& head, match m) noexcept
+  bool remove(std::uintptr_t ptr, free_match const& m) noexcept
   {
     if (m.parent != nullptr) {
       m.parent->earlier = std::move(m.block->earlier);
       shadowed_ -= 1;
       return false;
     }
+    auto& head = *m.head;
     if (head.earlier) {
       auto earlier = std::move(head.earlier);
       head         = std::move(*earlier);
