@@ -13,70 +13,12 @@ import textwrap
 
 import pytest
 
+from helpers.fake_suite import write_fake_suite
 from helpers.paths import TOOLS
 from helpers.scripts import load_script
 
 RUN = TOOLS / "downstream" / "run.py"
 
-FAKE_SUITE = {
-    "test_pass.py": """
-        import pytest
-
-        def test_a():
-            pass
-
-        @pytest.mark.skip(reason="not here")
-        def test_skipped():
-            pass
-
-        @pytest.mark.xfail(reason="known")
-        def test_xfail():
-            assert False
-
-        class TestParams:
-            @pytest.mark.parametrize("x", [1, 2])
-            def test_p(self, x):
-                pass
-        """,
-    "test_chain_fail.py": """
-        import os
-
-        def test_ok():
-            pass
-
-        def test_fails_with_chain():
-            assert not os.environ.get("RMM_FENCES_DS_CHAIN"), "chain is set"
-        """,
-    "test_segv.py": """
-        import os
-        import signal
-
-        def test_before():
-            pass
-
-        def test_segv():
-            if os.environ.get("RMM_FENCES_DS_CHAIN"):
-                os.kill(os.getpid(), signal.SIGSEGV)
-
-        def test_after_1():
-            pass
-
-        def test_after_2():
-            pass
-        """,
-    "test_unraisable.py": """
-        import gc
-
-        class Bad:
-            def __del__(self):
-                raise RuntimeError("boom in __del__")
-
-        def test_del():
-            bad = Bad()
-            del bad
-            gc.collect()
-        """,
-}
 HANG = """
     import os
     import time
@@ -89,11 +31,7 @@ HANG = """
 
 @pytest.fixture
 def suite(tmp_path):
-    root = tmp_path / "suite"
-    root.mkdir()
-    for name, text in FAKE_SUITE.items():
-        (root / name).write_text(textwrap.dedent(text))
-    return root
+    return write_fake_suite(tmp_path / "suite")
 
 
 def harness(*args):
