@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The census of the stream-ordered pool's core (host memory, no GPU): where every byte of its
-chunks is (``HostStreamOrderedPool.census``).
+chunks is (``HostStreamOrderedPool.census``), and the tool that reports it on the recorded
+allocation logs (tools/footprint_breakdown.py).
 
 A census lists each block of the chunks with its place (live, a stream's cache, covered by a
 fence record or not, shared, behind fences, a graph's, orphaned); the harness checks that the
@@ -9,10 +10,13 @@ step of a recorded log's replay and of generated programs, and each place is the
 pool's rules put the block in.
 """
 
+import subprocess
+import sys
+
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from helpers.paths import ROOT
+from helpers.paths import ROOT, TOOLS
 from helpers.stateful import machine_settings
 from rmm_fences_bench import read_allocation_log
 from rmm_fences_bench.alloc_log import ALLOCATE
@@ -273,3 +277,34 @@ class CensusModel(RuleBasedStateMachine):
 
 TestCensusModel = CensusModel.TestCase
 TestCensusModel.settings = machine_settings(max_examples=150, steps=30)
+
+
+# --- the tool ------------------------------------------------------------------------------
+
+
+def test_the_footprint_breakdown_runs_on_a_small_log(tmp_path):
+    """tools/footprint_breakdown.py, run as a script, on the CUB temp-storage loop's log (410
+    events): the summary row, and the log's section with its census (the places sum to the
+    pool), its growths and the contributors to its excess over the live peak (the chunk grown
+    for a small request right after the first one). Without the H200 figures, their columns
+    say so."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(TOOLS / "footprint_breakdown.py"),
+            "reduce_1m",
+            "--gpu-replay",
+            str(tmp_path / "none.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    out = res.stdout
+    assert "| reduce_1m | 12.0 | 16.0 | 16.0 | 1.329x | - | - | - |" in out, out
+    assert "## reduce_1m" in out
+    for place in POOL_CENSUS_PLACES:
+        assert f"\n| {place} |" in out, place
+    assert "| total | 16.0 | 100% | 16.0 | 100% | 16.0 | 100% |" in out, out
+    assert "| free in the chunk of growth 1 (event 1: 4.0 MiB for 1.0 KiB) | 4.0 | 100% |" in out
