@@ -484,9 +484,45 @@ cdef class HostPointerMap:
         return deref(self.c_obj).size()
 
 
+cdef extern from "rmm_fences_testing/host_pool_census.hpp" namespace "rmm_fences::testing":
+    cdef cppclass census_entry:
+        int place
+        uint64_t owner
+        int size_class
+        size_t bytes
+        size_t blocks
+
+    cdef cppclass census_chunk:
+        uintptr_t ptr
+        size_t size
+        size_t live
+        size_t free_bytes
+        size_t largest_free
+        size_t free_blocks
+
+    cdef cppclass pool_census:
+        size_t pool_bytes
+        vector[size_t] place_bytes
+        vector[size_t] place_largest
+        vector[census_entry] entries
+        vector[census_chunk] chunks
+
+    vector[size_t] census_size_bound_list() except +
+
+
 cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testing":
     cdef cppclass wait_record "std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>":
         pass
+
+    cdef cppclass growth_census:
+        uint64_t clock
+        uint64_t stream
+        size_t chunk
+        pool_census census
+
+    const uint64_t host_pool_orphan_owner "rmm_fences::testing::host_pool::orphan_owner"
+    const uint64_t host_pool_graph_owner "rmm_fences::testing::host_pool::graph_owner"
+    const uint64_t host_pool_shared_owner "rmm_fences::testing::host_pool::shared_owner"
 
     cdef cppclass pool_log:
         uint64_t now()
@@ -526,6 +562,9 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         size_t run_stream_churn(int, int, uint64_t) nogil except +
         size_t run_graph_churn(int, int, uint64_t) nogil except +
         vector[string] violations() except +
+        pool_census census() except +
+        void record_growths() except +
+        const vector[growth_census]& growths()
         pool_core_type& core()
         pool_log& log()
 
@@ -624,6 +663,66 @@ cdef extern from *:
     object rmm_fences_pool_upstream_calls(host_pool&)
     object rmm_fences_pool_free_blocks(host_pool&) except +
     object rmm_fences_pool_chunks(host_pool&) except +
+
+
+#: The places of a pool census (``HostStreamOrderedPool.census``), in the core's order
+#: (``pool::block_place``).
+POOL_CENSUS_PLACES = (
+    "live", "cached", "cached_covered", "shared", "shared_fenced", "graph", "orphan",
+)
+_CENSUS_BOUNDS = tuple(census_size_bound_list())
+
+
+def _size_label(size_t n) -> str:
+    return f"{n >> 30} GiB" if n >= 1 << 30 else f"{n >> 20} MiB"
+
+
+#: A census's size classes, smallest first: free and live blocks below each bound, then the
+#: rest.
+POOL_CENSUS_SIZE_CLASSES = tuple(f"< {_size_label(b)}" for b in _CENSUS_BOUNDS) + (
+    f">= {_size_label(_CENSUS_BOUNDS[-1])}",
+)
+
+
+cdef object _census_owner(uint64_t owner):
+    """A census's owner: a stream identity, or what holds blocks of no stream."""
+    if owner == host_pool_orphan_owner:
+        return "orphans"
+    if owner == host_pool_graph_owner:
+        return "graphs"
+    if owner == host_pool_shared_owner:
+        return "shared"
+    return owner
+
+
+cdef dict _census_dict(const pool_census& c):
+    """A census as a dict: ``pool_bytes``; ``places`` (bytes per place, summing to
+    ``pool_bytes``); ``largest`` (place -> its largest block); ``by_owner`` ((place, owner) ->
+    bytes); ``by_size_class`` ((place, size class) -> bytes); ``blocks`` (place -> blocks);
+    ``chunks`` (one dict per chunk, in address order)."""
+    places = {name: c.place_bytes[k] for k, name in enumerate(POOL_CENSUS_PLACES)}
+    largest = {name: c.place_largest[k] for k, name in enumerate(POOL_CENSUS_PLACES)}
+    by_owner = {}
+    by_size = {}
+    blocks = dict.fromkeys(POOL_CENSUS_PLACES, 0)
+    cdef census_entry e
+    cdef size_t i
+    for i in range(c.entries.size()):
+        e = c.entries[i]
+        place = POOL_CENSUS_PLACES[e.place]
+        key = (place, _census_owner(e.owner))
+        by_owner[key] = by_owner.get(key, 0) + e.bytes
+        key = (place, POOL_CENSUS_SIZE_CLASSES[e.size_class])
+        by_size[key] = by_size.get(key, 0) + e.bytes
+        blocks[place] += e.blocks
+    cdef census_chunk ch
+    chunks = []
+    for i in range(c.chunks.size()):
+        ch = c.chunks[i]
+        chunks.append({"ptr": ch.ptr, "size": ch.size, "live": ch.live, "free": ch.free_bytes,
+                       "largest_free": ch.largest_free, "free_blocks": ch.free_blocks})
+    return {"pool_bytes": c.pool_bytes, "places": places, "largest": largest,
+            "by_owner": by_owner, "by_size_class": by_size, "blocks": blocks, "chunks": chunks}
 
 
 _POOL_FAULTS = {
@@ -841,6 +940,30 @@ cdef class HostStreamOrderedPool:
 
     def pool_size(self) -> int:
         return deref(self.c_obj).core().pool_size()
+
+    def census(self) -> dict:
+        """Where the pool's bytes are now, by place (``POOL_CENSUS_PLACES``), owner stream,
+        size class and chunk (see ``_census_dict``). The places sum to ``pool_size()`` and the
+        blocks tile the chunks: ``RuntimeError`` otherwise."""
+        return _census_dict(deref(self.c_obj).census())
+
+    def record_growths(self) -> None:
+        """From now on, a census before each upstream allocation (``growths``)."""
+        deref(self.c_obj).record_growths()
+
+    @property
+    def growths(self) -> list:
+        """One dict per upstream allocation since ``record_growths``: ``clock``, ``stream``,
+        ``chunk`` (bytes asked for) and ``census`` (the pool just before, after its own
+        attempts to find a block)."""
+        cdef size_t i
+        cdef const growth_census* g
+        out = []
+        for i in range(deref(self.c_obj).growths().size()):
+            g = &deref(self.c_obj).growths()[i]
+            out.append({"clock": g.clock, "stream": g.stream, "chunk": g.chunk,
+                        "census": _census_dict(g.census)})
+        return out
 
     @property
     def stats(self) -> dict:

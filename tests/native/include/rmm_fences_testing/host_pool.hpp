@@ -32,6 +32,7 @@
 
 #include <rmm_fences/detail/stream_identity.hpp>
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
+#include <rmm_fences_testing/host_pool_census.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -114,6 +115,8 @@ struct pool_log {
   int fail_queries{};
   int fail_retains{};
   std::function<void()> sync_hook;  // run once inside the next successful sync_device
+  // Run before each upstream allocation, outside every lock: (bytes, stream).
+  std::function<void(std::size_t, std::uint64_t)> upstream_hook;
   // Upstream calls: (allocate?, address, bytes, stream, clock).
   std::vector<std::tuple<bool, std::uintptr_t, std::size_t, std::uint64_t, std::uint64_t>>
     upstream_calls;
@@ -480,6 +483,7 @@ class host_chunk_upstream {
 
   void* allocate(std::uint64_t stream, std::size_t bytes, std::size_t alignment)
   {
+    run_hook(bytes, stream);
     std::lock_guard<std::mutex> guard(*mutex_);
     if (used_ + bytes > limit_) { throw pool_host_out_of_memory{}; }
     void* p = std::aligned_alloc(alignment, bytes);
@@ -515,11 +519,29 @@ class host_chunk_upstream {
   [[nodiscard]] std::size_t chunks() const noexcept { return live_.size(); }
 
  private:
+  void run_hook(std::size_t bytes, std::uint64_t stream)
+  {
+    std::function<void(std::size_t, std::uint64_t)> hook;
+    {
+      std::lock_guard<std::mutex> lock(log_->mutex);
+      hook = log_->upstream_hook;
+    }
+    if (hook) { hook(bytes, stream); }
+  }
+
   std::size_t limit_;
   std::shared_ptr<pool_log> log_;
   std::unique_ptr<std::mutex> mutex_;
   std::size_t used_{};
   std::map<void*, std::size_t> live_;
+};
+
+/// A census taken as the pool asked the upstream for a chunk (`host_pool::record_growths`).
+struct growth_census {
+  std::uint64_t clock{};
+  std::uint64_t stream{};
+  std::size_t chunk{};
+  pool_census census;
 };
 
 /// The pool core driven by a test.
@@ -528,6 +550,11 @@ class host_pool {
     rmm_fences::mr::detail::stream_ordered_pool_core<host_pool_platform, host_chunk_upstream>;
 
  public:
+  /// A census's owners that are no stream (the core's).
+  static constexpr std::uint64_t orphan_owner = core_type::orphan_owner;
+  static constexpr std::uint64_t graph_owner  = core_type::graph_owner;
+  static constexpr std::uint64_t shared_owner = core_type::shared_owner;
+
   host_pool(std::size_t initial,
             std::optional<std::size_t> maximum,
             std::size_t upstream_limit,
@@ -565,6 +592,20 @@ class host_pool {
     if (allocated != nullptr) { *allocated = r.allocated_bytes; }
     return rmm_fences::mr::detail::pool::status_code(r);
   }
+
+  /// The census of the pool now (`take_census`; no other call in flight).
+  pool_census census() { return take_census(core_); }
+
+  /// From now on, a census before each upstream allocation: what the pool held when it
+  /// decided to grow, after its own attempts to find a block (single-threaded use).
+  void record_growths()
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->upstream_hook = [this](std::size_t bytes, std::uint64_t stream) {
+      growths_.push_back({log_->now(), stream, bytes, take_census(core_)});
+    };
+  }
+  [[nodiscard]] std::vector<growth_census> const& growths() const noexcept { return growths_; }
 
   /// The noexcept free (what rmm's resource_ref calls).
   void deallocate_unchecked(std::uint64_t stream, void* p, std::size_t bytes)
@@ -1053,6 +1094,7 @@ class host_pool {
   std::shared_ptr<pool_log> log_;
   core_type core_;
   std::uint64_t hook_free_clock_{};
+  std::vector<growth_census> growths_;
 };
 
 }  // namespace rmm_fences::testing

@@ -73,6 +73,14 @@ class orphans {
     blocks_.for_each([&](char* p, std::size_t n, no_tag&) { f(p, n); });
   }
 
+  /// Calls `f(key, bytes)` for every live block of a retired slot.
+  template <typename F>
+  void for_each_live(F&& f)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.for_each(f);
+  }
+
   /// Forgets everything (at shutdown).
   void clear() noexcept
   {
