@@ -934,12 +934,15 @@ class host_pool {
     return log_->violations;
   }
 
-  /// Free blocks as (address, size, owner stream or 0 for shared).
+  /// Free blocks as (address, size, owner stream or 0 for shared), from the census.
   std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t>> free_blocks()
   {
+    using rmm_fences::mr::detail::pool::block_place;
     std::vector<std::tuple<std::uintptr_t, std::size_t, std::uint64_t>> out;
-    core_.for_each_free_block([&](char* p, std::size_t n, std::uint64_t owner) {
-      out.emplace_back(reinterpret_cast<std::uintptr_t>(p), n, owner);
+    rmm_fences::mr::detail::pool::census(core_, [&](auto const& b) {
+      if (b.place == block_place::live) { return; }
+      auto const shared = b.place == block_place::shared || b.place == block_place::shared_fenced;
+      out.emplace_back(reinterpret_cast<std::uintptr_t>(b.ptr), b.size, shared ? 0 : b.owner);
     });
     return out;
   }

@@ -3,9 +3,9 @@
  *
  * A census of the stream-ordered pool's core, summed (CPU tests and tools only): the bytes of
  * its chunks by place (live, a stream's cache, shared, behind fences, graphs', orphaned), by
- * owner stream and by size class, and per chunk. It reads the core through its read-only
- * `census` and checks that the blocks tile the chunks: every byte of every chunk in exactly one
- * block, so that the places' bytes sum to the pool's size.
+ * owner stream and by size class, and per chunk. It reads the core through the read-only
+ * `pool::census` and checks that the blocks tile the chunks: every byte of every chunk in exactly
+ * one block, so that the places' bytes sum to the pool's size.
  */
 #pragma once
 
@@ -149,7 +149,8 @@ template <typename Core>
 pool_census take_census(Core& core)
 {
   std::vector<detail::census_block> blocks;
-  core.census([&](detail::census_block const& b) { blocks.push_back(b); });
+  rmm_fences::mr::detail::pool::census(core,
+                                       [&](detail::census_block const& b) { blocks.push_back(b); });
   std::sort(
     blocks.begin(), blocks.end(), [](auto const& a, auto const& b) { return a.ptr < b.ptr; });
   pool_census out;

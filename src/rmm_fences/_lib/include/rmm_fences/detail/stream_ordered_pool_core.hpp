@@ -33,7 +33,6 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -96,11 +95,11 @@ class stream_ordered_pool_core {
 
   static constexpr std::size_t max_alignment = pool::max_alignment;
   static constexpr std::size_t max_request   = pool::max_request;
-  /// `for_each_free_block`'s owner of orphans (blocks only a device synchronization frees).
+  /// `pool::census`'s owner of orphans (blocks only a device synchronization frees).
   static constexpr std::uint64_t orphan_owner = std::numeric_limits<std::uint64_t>::max();
-  /// `for_each_free_block`'s owner of blocks held for graphs of retired captured slots.
+  /// `pool::census`'s owner of blocks held for graphs of retired captured slots.
   static constexpr std::uint64_t graph_owner = orphan_owner - 1;
-  /// `census`'s owner of shared blocks that no single slot's fence guards.
+  /// `pool::census`'s owner of shared blocks that no single slot's fence guards.
   static constexpr std::uint64_t shared_owner = orphan_owner - 2;
 
   template <typename... PlatformArgs>
@@ -368,54 +367,9 @@ class stream_ordered_pool_core {
     return s;
   }
 
-  /// Free blocks listed (in caches, shared, orphaned, held for graphs), for tests: calls
-  /// f(ptr, size, owner) with the owner's stream id, 0 for shared blocks, `orphan_owner` or
-  /// `graph_owner`.
-  template <typename F>
-  void for_each_free_block(F&& f)
-  {
-    graphs_.for_each_block([&](pool::untagged_block const& b) { f(b.ptr, b.size, graph_owner); });
-    slots_.for_each([&](slot_type& slot) {
-      std::lock_guard<spin_mutex> lock(slot.mutex);
-      slot.for_each_cached_locked([&](char* p, std::size_t n) { f(p, n, slot.id); });
-    });
-    shared_.for_each([&](char* p, std::size_t n, tag_type&) { f(p, n, std::uint64_t{0}); });
-    orphans_.for_each([&](char* p, std::size_t n) { f(p, n, orphan_owner); });
-  }
-
-  /**
-   * @brief A census, for tests and tools: calls f(pool::census_block) for every block of the
-   * pool's chunks, free and live, with the place that holds it (`pool::block_place`).
-   *
-   * Read-only: takes the locks `for_each_free_block` takes, one at a time, and changes nothing
-   * (not even the balances `stats()` settles); `f` runs under them and may not call the pool.
-   * The blocks tile the chunks exactly while no other call is in flight (a block a call took
-   * from a list is in none until it is handed out).
-   */
-  template <typename F>
-  void census(F&& f)
-  {
-    std::unordered_map<void const*, std::uint64_t> fence_owner;  // a slot's fence -> its stream
-    slots_.for_each([&](slot_type& slot) {
-      std::lock_guard<spin_mutex> lock(slot.mutex);
-      census_slot_locked(slot, f);
-      fence_owner.emplace(slot.cell.get(), slot.id);
-    });
-    graphs_.for_each_block([&](pool::untagged_block const& b) {
-      f(pool::census_block{b.ptr, b.size, pool::block_place::graph, graph_owner, 0});
-    });
-    shared_.for_each([&](char* p, std::size_t n, tag_type& tag) {
-      auto const place =
-        tag.needs.empty() ? pool::block_place::shared : pool::block_place::shared_fenced;
-      f(pool::census_block{p, n, place, fenced_by(tag, fence_owner), tag.needs.size()});
-    });
-    orphans_.for_each([&](char* p, std::size_t n) {
-      f(pool::census_block{p, n, pool::block_place::orphan, orphan_owner, 0});
-    });
-    orphans_.for_each_live([&](std::uintptr_t key, std::size_t bytes) {
-      f(live_census_block(key, bytes, orphan_owner));
-    });
-  }
+  // The census of every block, for tests and tools: `pool::census` (pool/census.hpp).
+  template <typename Core, typename F>
+  friend void pool::census(Core& core, F&& f);
 
   /// Upstream chunks, for tests: (address, size) in address order.
   [[nodiscard]] std::vector<std::pair<char*, std::size_t>> chunks() const
@@ -542,43 +496,6 @@ class stream_ordered_pool_core {
     }
     if (void* ptr = grow(req); ptr != nullptr) { return ptr; }
     Platform::throw_out_of_memory(req.bytes, pool_size());
-  }
-
-  /// `census`'s blocks of one slot: its cache (a captured stream's is its graph's) and its
-  /// live blocks.
-  template <typename F>
-  static void census_slot_locked(slot_type& slot, F& f)
-  {
-    auto const place = slot.graph          ? pool::block_place::graph
-                       : slot.covered != 0 ? pool::block_place::cached_covered
-                                           : pool::block_place::cached;
-    slot.for_each_cached_locked(
-      [&](char* p, std::size_t n) { f(pool::census_block{p, n, place, slot.id, 0}); });
-    slot.live.for_each(
-      [&](std::uintptr_t key, std::size_t bytes) { f(live_census_block(key, bytes, slot.id)); });
-  }
-
-  /// A live block in a census: the span its request was rounded to.
-  static pool::census_block live_census_block(std::uintptr_t key,
-                                              std::size_t bytes,
-                                              std::uint64_t owner) noexcept
-  {
-    return {
-      reinterpret_cast<char*>(key), round_to_granule(bytes), pool::block_place::live, owner, 0};
-  }
-
-  /// The stream whose fence guards a shared block: the one slot whose fences `tag` names, else
-  /// `shared_owner` (no fence, several slots', or a fence no slot holds any more).
-  static std::uint64_t fenced_by(tag_type const& tag,
-                                 std::unordered_map<void const*, std::uint64_t> const& owners)
-  {
-    std::optional<std::uint64_t> owner;
-    for (auto const& need : tag.needs) {
-      auto const it = owners.find(need.cell.get());
-      if (it == owners.end() || (owner && *owner != it->second)) { return shared_owner; }
-      owner = it->second;
-    }
-    return owner.value_or(shared_owner);
   }
 
   /// Takes the best fit of the pinned slot's cache, whatever its size.
