@@ -157,13 +157,12 @@ class CupyAllocator:
         self.mr = mr
 
     def __call__(self, nbytes: int) -> cupy.cuda.MemoryPointer:
-        mr, device = self.mr, self.device
-        if mr is None:  # rmm_cupy_allocator's resource: the current one, on every call
-            device = cupy.cuda.runtime.getDevice()
-            if nbytes != 0:
-                mr = rmm.mr.get_per_device_resource(device)
+        device = cupy.cuda.runtime.getDevice() if self.mr is None else self.device
         if nbytes == 0:  # as rmm's DeviceBuffer: no allocation, so no (null) free to make
             return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device), 0)
+        mr = self.mr
+        if mr is None:  # rmm_cupy_allocator's resource: the current one, on every call
+            mr = rmm.mr.get_per_device_resource(device)
         cupy_stream = cupy.cuda.get_current_stream()
         stream = _stream_of(cupy_stream)
         ptr = mr.allocate(nbytes, stream.rmm)
