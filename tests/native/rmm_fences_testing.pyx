@@ -532,8 +532,18 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         stream_ordered_pool_stats stats()
         size_t pool_size()
 
+    cdef cppclass host_page_arena:
+        size_t page_size()
+        size_t physical_bytes()
+        size_t spare_bytes()
+        size_t mapped_bytes()
+        size_t peak_physical_bytes()
+        uint64_t maps()
+        uint64_t unmaps()
+
     cdef cppclass host_pool:
-        host_pool(size_t, optional[size_t], size_t, optional[size_t]) except +
+        host_pool(size_t, optional[size_t], size_t, optional[size_t], size_t) except +
+        host_page_arena* arena()
         void* allocate(uint64_t, size_t, size_t) except +
         void* allocate_cached_first(uint64_t, size_t, size_t) except +
         int deallocate(uint64_t, void*, size_t, size_t*) except +
@@ -554,6 +564,7 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         void fail_next(int, int) except +
         void complete(uint64_t) except +
         void complete_all() except +
+        void set_idle(bint) except +
         void destroy_stream(uint64_t) except +
         uint64_t fences_held() except +
         void free_inside_next_sync(uint64_t, void*, size_t) except +
@@ -744,14 +755,17 @@ cdef class HostStreamOrderedPool:
     cdef uint64_t _next_capture_id
 
     def __cinit__(self, size_t initial_pool_size=0, maximum_pool_size=None,
-                  size_t upstream_limit=1 << 40, maximum_growth_size=None):
+                  size_t upstream_limit=1 << 40, maximum_growth_size=None,
+                  size_t arena_page_size=0):
         cdef optional[size_t] cap
         cdef optional[size_t] growth
         if maximum_pool_size is not None:
             cap = <size_t>maximum_pool_size
         if maximum_growth_size is not None:
             growth = <size_t>maximum_growth_size
-        self.c_obj.reset(new host_pool(initial_pool_size, cap, upstream_limit, growth))
+        self.c_obj.reset(
+            new host_pool(initial_pool_size, cap, upstream_limit, growth, arena_page_size)
+        )
         self._next_capture_id = 1
 
     def allocate(self, size_t nbytes, uint64_t stream=0, size_t alignment=256) -> int:
@@ -854,6 +868,11 @@ cdef class HostStreamOrderedPool:
         """The work queued so far on every stream has run."""
         deref(self.c_obj).complete_all()
 
+    def set_idle(self, bint on=True) -> None:
+        """From now on, streams run no work (a replay of an allocation log): every fence
+        recorded is complete, and a query finds it so."""
+        deref(self.c_obj).set_idle(on)
+
     def destroy_stream(self, uint64_t stream) -> None:
         """``stream`` is destroyed and its handle reused by a new stream: the pool sees the
         same identity, the oracle another stream."""
@@ -940,6 +959,19 @@ cdef class HostStreamOrderedPool:
 
     def pool_size(self) -> int:
         return deref(self.c_obj).core().pool_size()
+
+    @property
+    def arena(self) -> dict | None:
+        """The page arena's pages (``arena_page_size`` given), else None: ``page_size``,
+        ``physical_bytes`` (mapped and spare), ``spare_bytes``, ``mapped_bytes``,
+        ``peak_physical_bytes``, ``maps``, ``unmaps``."""
+        cdef host_page_arena* a = deref(self.c_obj).arena()
+        if a == NULL:
+            return None
+        return {"page_size": a.page_size(), "physical_bytes": a.physical_bytes(),
+                "spare_bytes": a.spare_bytes(), "mapped_bytes": a.mapped_bytes(),
+                "peak_physical_bytes": a.peak_physical_bytes(), "maps": a.maps(),
+                "unmaps": a.unmaps()}
 
     def census(self) -> dict:
         """Where the pool's bytes are now, by place (``POOL_CENSUS_PLACES``), owner stream,

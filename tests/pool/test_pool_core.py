@@ -18,6 +18,9 @@ GRANULE = 256
 MIB = 1 << 20
 #: Frees of a new stream that are each fenced (the pool core's `young_frees`).
 YOUNG_FREES = 16
+#: Chunks from the upstream (0), or a page arena of 4 KiB or 64 KiB pages (growth at the top
+#: of one range, complete free pages unmapped to back new ones).
+ARENA_PAGES = st.sampled_from([0, 0, 4096, 1 << 16])
 
 
 def coalesced(blocks):
@@ -46,16 +49,18 @@ def rounded(n):
 class PoolModel(RuleBasedStateMachine):
     """Random calls, faults and captures against the C++ oracle (no block reaches another
     stream without a wait on a later fence of its freeing stream or a sync after the free; no
-    two live blocks overlap) and the pool's own counts (live + free == pool)."""
+    two live blocks overlap; over a page arena, no page is unmapped before the work on its
+    bytes is done) and the pool's own counts (live + free == pool)."""
 
     @initialize(
         initial=st.sampled_from([0, 1 << 16, 1 << 20]),
         maximum=st.none() | st.sampled_from([1 << 20, 3 << 20]),
+        arena_page=ARENA_PAGES,
     )
-    def setup(self, initial, maximum):
+    def setup(self, initial, maximum, arena_page):
         if maximum is not None:
             initial = min(initial, maximum)
-        self.p = HostStreamOrderedPool(initial, maximum)
+        self.p = HostStreamOrderedPool(initial, maximum, arena_page_size=arena_page)
         self.live = {}  # allocation number -> (ptr, requested bytes, rounded size, stream)
         self.allocations = 0
         self.freed = []  # [start, end, stream, clock of the free]
@@ -409,10 +414,11 @@ def test_failed_sync_puts_caches_and_fences_back():
     p.deallocate(c, 512 << 10, stream=2)
 
 
-def test_real_threads_keep_the_oracle():
+@pytest.mark.parametrize("arena_page", [0, 1 << 16], ids=["chunks", "page_arena"])
+def test_real_threads_keep_the_oracle(arena_page):
     """Eight C++ threads (no GIL) on their own streams: allocations, frees on their own and a
     neighbour's stream, retire, release, out-of-memory reclaims and injected faults."""
-    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=4 << 20)
+    p = HostStreamOrderedPool(1 << 20, maximum_pool_size=4 << 20, arena_page_size=arena_page)
     for random_state in range(3):
         p.run_threads(8, 3000, random_state)
         assert p.violations == []

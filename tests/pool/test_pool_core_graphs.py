@@ -183,18 +183,20 @@ def test_null_frees_change_nothing():
 
 class GraphPoolModel(RuleBasedStateMachine):
     """Streams, captures in every mode and their graphs, short-lived streams (slot sweeps),
-    growth, out-of-memory, release and faults, against the C++ oracle and the pool's counts."""
+    growth (from upstream chunks or a page arena), out-of-memory, release and faults, against
+    the C++ oracle and the pool's counts."""
 
     graphs = Bundle("graphs")
 
     @initialize(
         initial=st.sampled_from([0, 256 * KiB, 1 * MiB]),
         maximum=st.none() | st.sampled_from([1 * MiB, 2 * MiB]),
+        arena_page=st.sampled_from([0, 0, 4 * KiB, 64 * KiB]),
     )
-    def setup(self, initial, maximum):
+    def setup(self, initial, maximum, arena_page):
         if maximum is not None:
             initial = min(initial, maximum)
-        self.p = HostStreamOrderedPool(initial, maximum)
+        self.p = HostStreamOrderedPool(initial, maximum, arena_page_size=arena_page)
         self.live = {}  # allocation number -> (ptr, bytes, size)
         self.allocations = 0
         self.capturing = {}  # stream -> capture id
@@ -317,12 +319,16 @@ TestGraphPoolModel = GraphPoolModel.TestCase
 TestGraphPoolModel.settings = machine_settings(max_examples=400, steps=30)
 
 
-def test_native_threads_with_graphs_keep_the_oracle():
+@pytest.mark.parametrize("arena_page", [0, 64 * KiB], ids=["chunks", "page_arena"])
+def test_native_threads_with_graphs_keep_the_oracle(arena_page):
     """Real threads without the GIL: each captures on its own stream in every mode, launches
     and destroys its graphs at later steps, churns short-lived streams, releases and runs out
     of memory, while the others allocate; no handout overlaps bytes a live graph may replay
-    and no sync is issued while a capture is live."""
-    p = HostStreamOrderedPool(initial_pool_size=1 * MiB, maximum_pool_size=8 * MiB)
+    (nor an unmap bytes whose work may still run) and no sync is issued while a capture is
+    live."""
+    p = HostStreamOrderedPool(
+        initial_pool_size=1 * MiB, maximum_pool_size=8 * MiB, arena_page_size=arena_page
+    )
     ooms = p.run_graph_churn(threads=8, tasks=400, random_state=7)
     assert p.violations == []
     assert ooms < 8 * 400

@@ -34,6 +34,9 @@
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
 #include <rmm_fences_testing/host_pool_census.hpp>
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -106,6 +109,7 @@ struct pool_log {
   // Completion: work of a stream queued up to these clocks ran (per oracle stream; all).
   std::map<std::uint64_t, std::uint64_t> completed;
   std::uint64_t completed_all{};
+  bool idle{};  // the streams run no work: every recorded fence is complete (a replay)
   std::vector<std::pair<std::uint64_t, std::uint64_t>> observed;  // fences found complete
   // Fault injection: the next N calls of each kind fail.
   int fail_records{};
@@ -185,6 +189,61 @@ struct pool_log {
       if (s == stream && c >= at) { return true; }
     }
     return false;
+  }
+
+  /// True when `stream`'s work up to `at` ran (a completion the test declared, a device sync,
+  /// a sync of that stream or a fence of it found complete after `at`); bytes a graph freed
+  /// (`graph`) only once the graph is released (caller holds mutex).
+  [[nodiscard]] bool done_after(std::uint64_t stream,
+                                std::uint64_t at,
+                                std::uint64_t graph = 0) const
+  {
+    if (graph != 0) {
+      auto it = graphs.find(graph);
+      return it != graphs.end() && it->second.released;
+    }
+    if (completed_all >= at) { return true; }
+    if (auto it = completed.find(stream); it != completed.end() && it->second >= at) {
+      return true;
+    }
+    auto const after = [&](auto const& list) {
+      return std::any_of(list.begin(), list.end(), [&](auto const& e) {
+        return e.first == stream && e.second >= at;
+      });
+    };
+    return std::any_of(syncs.begin(), syncs.end(), [&](auto c) { return c >= at; }) ||
+           after(stream_syncs) || after(observed);
+  }
+
+  /// Pages [p, p + n) unmapped at once: every byte freed there must have its last use done,
+  /// and none may be live (caller holds mutex).
+  void unmapped(std::uintptr_t p, std::size_t n)
+  {
+    auto const end = p + n;
+    auto live_it   = live.lower_bound(p);
+    if (live_it != live.begin() &&
+        std::prev(live_it)->first + std::prev(live_it)->second.second > p) {
+      --live_it;
+    }
+    if (live_it != live.end() && live_it->first < end) {
+      violation("pages unmapped under a live block");
+    }
+    auto it = freed.lower_bound(p);
+    if (it != freed.begin() && std::prev(it)->second.end > p) { --it; }
+    while (it != freed.end() && it->first < end) {
+      auto const [start, range] = *it;
+      it                        = freed.erase(it);
+      if (!done_after(range.stream, range.clock, range.graph)) {
+        std::ostringstream os;
+        os << "pages [0x" << std::hex << p << ", 0x" << end << std::dec
+           << ") unmapped while work of stream " << range.stream << " freed at clock "
+           << range.clock << (range.graph != 0 ? " (a graph that may replay)" : "")
+           << " may still run";
+        violation(os.str());
+      }
+      if (start < p) { freed[start] = {p, range.stream, range.clock, range.graph}; }
+      if (range.end > end) { freed[end] = {range.end, range.stream, range.clock, range.graph}; }
+    }
   }
 
   void violation(std::string what)
@@ -361,7 +420,8 @@ class host_pool_platform {
     if (at == 0) { return false; }  // never recorded: never read as a fence
     auto const stream = log_->fence_stream[f];
     auto it           = log_->completed.find(stream);
-    if (log_->completed_all < at && (it == log_->completed.end() || it->second < at)) {
+    if (!log_->idle && log_->completed_all < at &&
+        (it == log_->completed.end() || it->second < at)) {
       return false;
     }
     try {
@@ -465,14 +525,146 @@ class host_pool_platform {
   std::shared_ptr<pool_log> log_;
 };
 
+/**
+ * @brief A page arena on host memory (the pool's upstream when a test asks for one): one
+ * reserved range of `reserve` bytes (never touched unless a test writes to its blocks), pages
+ * of `page` bytes held up to `limit`. Tells the oracle of each unmap, which must find the
+ * work on those bytes done; logs maps and unmaps as upstream calls (stream 0).
+ */
+class host_page_arena {
+ public:
+  host_page_arena(std::size_t page,
+                  std::size_t reserve,
+                  std::size_t limit,
+                  std::shared_ptr<pool_log> log)
+    : page_{page}, reserved_{reserve / page * page}, limit_{limit}, log_{std::move(log)}
+  {
+    void* p = ::mmap(nullptr,
+                     reserved_,
+                     PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1,
+                     0);
+    if (p == MAP_FAILED) { throw std::bad_alloc{}; }
+    // Pages at page-aligned addresses: the reserve starts at a page boundary.
+    base_ = static_cast<char*>(p);
+  }
+  host_page_arena(host_page_arena const&)            = delete;
+  host_page_arena& operator=(host_page_arena const&) = delete;
+  ~host_page_arena() { ::munmap(base_, reserved_); }
+
+  [[nodiscard]] std::size_t page_size() const noexcept { return page_; }
+  [[nodiscard]] char* base() const noexcept { return base_; }
+  [[nodiscard]] std::size_t reserved() const noexcept { return reserved_; }
+  [[nodiscard]] std::size_t physical_bytes() const noexcept { return mapped_ + spare_; }
+  [[nodiscard]] std::size_t spare_bytes() const noexcept { return spare_; }
+  [[nodiscard]] std::size_t mapped_bytes() const noexcept { return mapped_; }
+  [[nodiscard]] std::size_t peak_physical_bytes() const noexcept { return peak_; }
+  [[nodiscard]] std::uint64_t maps() const noexcept { return maps_; }
+  [[nodiscard]] std::uint64_t unmaps() const noexcept { return unmaps_; }
+
+  void map(char* p, std::size_t n)
+  {
+    std::function<void(std::size_t, std::uint64_t)> hook;
+    {
+      std::lock_guard<std::mutex> lock(log_->mutex);
+      hook = log_->upstream_hook;
+    }
+    if (hook) { hook(n, 0); }
+    auto const fresh = n - std::min(n, spare_);
+    if (mapped_ + spare_ + fresh > limit_) { throw pool_host_out_of_memory{}; }
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    auto const a = reinterpret_cast<std::uintptr_t>(p);
+    if (a % page_ != 0 || n % page_ != 0 || p < base_ || p + n > base_ + reserved_) {
+      log_->violation("map of a range that is not whole pages of the reserve");
+    }
+    if (!mapped_ranges_.empty()) {
+      auto it = mapped_ranges_.lower_bound(a + n);
+      if (it != mapped_ranges_.begin() && std::prev(it)->second > a) {
+        log_->violation("map of pages mapped already");
+      }
+    }
+    auto lo = a, hi = a + n;  // merged with mapped neighbours: an unmap may span both
+    if (auto next = mapped_ranges_.find(hi); next != mapped_ranges_.end()) {
+      hi = next->second;
+      mapped_ranges_.erase(next);
+    }
+    if (auto prev = mapped_ranges_.lower_bound(lo); prev != mapped_ranges_.begin()) {
+      --prev;
+      if (prev->second == lo) {
+        lo = prev->first;
+        mapped_ranges_.erase(prev);
+      }
+    }
+    mapped_ranges_[lo] = hi;
+    spare_ -= n - fresh;
+    mapped_ += n;
+    peak_ = std::max(peak_, mapped_ + spare_);
+    ++maps_;
+    log_->upstream_calls.emplace_back(true, a, n, 0, log_->now());
+  }
+
+  void unmap(char* p, std::size_t n) noexcept
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    auto const a = reinterpret_cast<std::uintptr_t>(p);
+    if (!unmark(a, n)) { log_->violation("unmap of pages not mapped"); }
+    log_->unmapped(a, n);
+    log_->upstream_calls.emplace_back(false, a, n, 0, log_->now());
+    mapped_ -= n;
+    spare_ += n;
+    ++unmaps_;
+    ::madvise(p, n, MADV_DONTNEED);
+  }
+
+  void trim() noexcept { spare_ = 0; }
+
+ private:
+  /// Takes [a, a + n) out of the mapped ranges; false when it is not inside one.
+  bool unmark(std::uintptr_t a, std::size_t n)
+  {
+    auto it = mapped_ranges_.upper_bound(a);
+    if (it == mapped_ranges_.begin()) { return false; }
+    --it;
+    auto const [lo, hi] = *it;
+    if (a + n > hi) { return false; }
+    mapped_ranges_.erase(it);
+    if (lo < a) { mapped_ranges_[lo] = a; }
+    if (a + n < hi) { mapped_ranges_[a + n] = hi; }
+    return true;
+  }
+
+  std::size_t page_;
+  std::size_t reserved_;
+  std::size_t limit_;
+  std::shared_ptr<pool_log> log_;
+  char* base_{};
+  std::size_t mapped_{};
+  std::size_t spare_{};
+  std::size_t peak_{};
+  std::uint64_t maps_{};
+  std::uint64_t unmaps_{};
+  std::map<std::uintptr_t, std::uintptr_t> mapped_ranges_;  // start -> end
+};
+
 /// Host chunks with a byte limit (the pool's upstream in the tests); logs the stream of each
-/// call and tells the oracle (a chunk's bytes count as freed on that stream).
+/// call and tells the oracle (a chunk's bytes count as freed on that stream). Given a page
+/// size, it offers a page arena instead (`arena()`), of `limit` bytes of pages.
 class host_chunk_upstream {
  public:
-  host_chunk_upstream(std::size_t limit, std::shared_ptr<pool_log> log)
+  host_chunk_upstream(std::size_t limit,
+                      std::shared_ptr<pool_log> log,
+                      std::size_t arena_page    = 0,
+                      std::size_t arena_reserve = std::size_t{1} << 40)
     : limit_{limit}, log_{std::move(log)}, mutex_{std::make_unique<std::mutex>()}
   {
+    if (arena_page != 0) {
+      arena_ = std::make_unique<host_page_arena>(arena_page, arena_reserve, limit, log_);
+    }
   }
+
+  /// The page arena, or nullptr (chunks).
+  [[nodiscard]] host_page_arena* arena() const noexcept { return arena_.get(); }
   host_chunk_upstream(host_chunk_upstream&&) noexcept = default;
   ~host_chunk_upstream()
   {
@@ -534,6 +726,7 @@ class host_chunk_upstream {
   std::unique_ptr<std::mutex> mutex_;
   std::size_t used_{};
   std::map<void*, std::size_t> live_;
+  std::unique_ptr<host_page_arena> arena_;
 };
 
 /// A census taken as the pool asked the upstream for a chunk (`host_pool::record_growths`).
@@ -558,11 +751,19 @@ class host_pool {
   host_pool(std::size_t initial,
             std::optional<std::size_t> maximum,
             std::size_t upstream_limit,
-            std::optional<std::size_t> maximum_growth = std::nullopt)
+            std::optional<std::size_t> maximum_growth = std::nullopt,
+            std::size_t arena_page                    = 0)
     : log_{std::make_shared<pool_log>()},
-      core_{host_chunk_upstream{upstream_limit, log_}, initial, maximum, maximum_growth, log_}
+      core_{host_chunk_upstream{upstream_limit, log_, arena_page},
+            initial,
+            maximum,
+            maximum_growth,
+            log_}
   {
   }
+
+  /// The page arena the pool grows over, or nullptr (chunks).
+  [[nodiscard]] host_page_arena* arena() noexcept { return core_.upstream().arena(); }
   ~host_pool() { core_.shutdown(true); }
 
   void* allocate(std::uint64_t stream, std::size_t bytes, std::size_t alignment)
@@ -726,6 +927,14 @@ class host_pool {
   {
     std::lock_guard<std::mutex> lock(log_->mutex);
     log_->completed_all = log_->now();
+  }
+
+  /// From now on (`on`), the streams run no work of their own, as in a replay of an
+  /// allocation log: every fence recorded is complete (and found so by a query).
+  void set_idle(bool on)
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->idle = on;
   }
 
   /// The stream that `stream` names is destroyed: a later use of the handle is a new stream

@@ -138,6 +138,16 @@ class free_list {
     return {};
   }
 
+  /// The listed block that ends at `end`: (start, size), or (nullptr, 0).
+  [[nodiscard]] std::pair<char*, std::size_t> block_ending_at(char* end) const
+  {
+    auto it = by_addr_.lower_bound(end);
+    if (it == by_addr_.begin()) { return {nullptr, 0}; }
+    --it;
+    if (it->first + it->second.size != end) { return {nullptr, 0}; }
+    return {it->first, it->second.size};
+  }
+
   /// Takes exactly the listed block starting at `ptr` (which must be listed).
   block take(char* ptr)
   {

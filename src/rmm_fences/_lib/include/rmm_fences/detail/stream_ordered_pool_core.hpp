@@ -78,8 +78,8 @@ namespace rmm_fences::mr::detail {
  *  - the slot table's: which slot each identity has, the retiring and the spare slots;
  *  - the graph holds', the orphans' and the shared list's: their lists;
  *  - a fence's: its event and record number; the chunk registry's: the chunks;
- *  - the growth's: one growth at a time; `reclaim_mutex_`: one reclaim at a time, held
- *    through `synchronize()`.
+ *  - the growth's: one growth at a time (over a page arena, every map and unmap);
+ *    `reclaim_mutex_`: one reclaim at a time, held through `synchronize()`.
  * A thread takes them in this order, skipping any: `reclaim_mutex_` or the growth's (never
  * both) -> the slot table's -> one slot's -> the graph holds', the orphans' or the shared
  * list's (one of them) -> one fence's -> the chunk registry's. No thread holds a slot's mutex

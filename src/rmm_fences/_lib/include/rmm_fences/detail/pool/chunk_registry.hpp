@@ -37,6 +37,39 @@ class chunk_registry {
     bytes_.fetch_add(size, std::memory_order_relaxed);
   }
 
+  /// Registers `[ptr, ptr + size)` as part of the chunk that ends at `ptr`, if any (a page
+  /// arena's contiguous growth: free blocks then merge across the boundary).
+  void add_merging(char* ptr, std::size_t size)
+  {
+    {
+      std::unique_lock<std::shared_mutex> lock(mutex_);
+      auto it = chunks_.lower_bound(ptr);
+      if (it != chunks_.begin() && std::prev(it)->first + std::prev(it)->second == ptr) {
+        std::prev(it)->second += size;
+      } else {
+        chunks_.emplace(ptr, size);
+      }
+    }
+    bytes_.fetch_add(size, std::memory_order_relaxed);
+  }
+
+  /// Takes `[ptr, ptr + size)`, inside one chunk, out of it (pages a page arena unmapped): the
+  /// parts before and after stay chunks of their own.
+  void remove(char* ptr, std::size_t size)
+  {
+    {
+      std::unique_lock<std::shared_mutex> lock(mutex_);
+      auto it                    = std::prev(chunks_.upper_bound(ptr));
+      auto const [start, length] = *it;
+      chunks_.erase(it);
+      if (start < ptr) { chunks_.emplace(start, static_cast<std::size_t>(ptr - start)); }
+      if (ptr + size < start + length) {
+        chunks_.emplace(ptr + size, static_cast<std::size_t>(start + length - (ptr + size)));
+      }
+    }
+    bytes_.fetch_sub(size, std::memory_order_relaxed);
+  }
+
   /// True when `ptr` starts a chunk.
   [[nodiscard]] bool is_start(char* ptr) const
   {

@@ -8,7 +8,8 @@
  * upstream call. While S is captured, growth uses the pool's own stream instead (never S: that
  * would put an allocation node into the graph; never the legacy stream), synchronizes it and
  * lists the chunk untagged. Chunks go back upstream on the pool's own stream, after a wait on
- * each fence that guards them.
+ * each fence that guards them. An upstream that offers a page arena (`arena()` not null) is
+ * grown by the arena's rules instead (page_arena.hpp).
  */
 #pragma once
 
@@ -17,6 +18,7 @@
 #include <rmm_fences/detail/pool/counters.hpp>
 #include <rmm_fences/detail/pool/fence.hpp>
 #include <rmm_fences/detail/pool/growth_rule.hpp>
+#include <rmm_fences/detail/pool/page_arena.hpp>
 #include <rmm_fences/detail/pool/request.hpp>
 #include <rmm_fences/detail/pool/shared_list.hpp>
 #include <rmm_fences/detail/pool/stream_slot.hpp>
@@ -25,7 +27,9 @@
 #include <cstddef>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 namespace rmm_fences::mr::detail::pool {
 
@@ -33,6 +37,23 @@ namespace rmm_fences::mr::detail::pool {
 struct growth_bounds {
   std::optional<std::size_t> maximum_pool_size;    ///< bytes held from the upstream at most
   std::optional<std::size_t> maximum_growth_size;  ///< a chunk's bytes beyond the request
+};
+
+/// An upstream that may offer a page arena: `arena()` returns it, or nullptr.
+template <typename U>
+concept may_offer_arena = requires(U& u) {
+  { u.arena() } -> std::convertible_to<void const*>;
+};
+
+/// The arena growth of `Upstream` (none: std::monostate).
+template <typename Platform, typename Upstream>
+struct arena_part {
+  using type = std::monostate;
+};
+template <typename Platform, may_offer_arena Upstream>
+struct arena_part<Platform, Upstream> {
+  using type =
+    arena_growth<Platform, std::remove_pointer_t<decltype(std::declval<Upstream&>().arena())>>;
 };
 
 /// The upstream, the pool's bounds and one growth at a time (`lock`); grown chunks are
@@ -58,13 +79,24 @@ class upstream_growth {
       shared_{shared},
       counters_{counters}
   {
+    if constexpr (may_offer_arena<Upstream>) {
+      if (auto* arena = upstream_.arena(); arena != nullptr) {
+        arena_.emplace(*arena, bounds.maximum_pool_size, platform, chunks, shared, counters);
+      }
+    }
   }
+
+  /// True when the upstream is a page arena.
+  [[nodiscard]] bool over_arena() const noexcept { return arena_.has_value(); }
 
   /// The initial chunk: on the pool's own stream, synchronized, so it is free of any earlier
   /// work and listed untagged.
   void grow_initial(std::size_t bytes)
   {
     if (bytes > max_request) { Platform::throw_out_of_memory(bytes, 0); }
+    if constexpr (may_offer_arena<Upstream>) {
+      if (arena_) { return arena_->grow_initial(bytes); }
+    }
     auto const size               = round_to_granule(bytes);
     [[maybe_unused]] auto relaxed = platform_.relax();
     auto const stream             = platform_.private_stream();
@@ -87,6 +119,9 @@ class upstream_growth {
    */
   void* grow_locked(request const& req)
   {
+    if constexpr (may_offer_arena<Upstream>) {
+      if (arena_) { return arena_->grow_locked(req); }
+    }
     auto const held = chunks_.bytes();
     auto const room = room_left(held);
     if (room && req.need() > *room) { return nullptr; }
@@ -116,6 +151,12 @@ class upstream_growth {
   /// a stream wait on each fence that guards it (a chunk whose wait fails stays); its bytes.
   std::size_t release_whole_chunks()
   {
+    if constexpr (may_offer_arena<Upstream>) {
+      if (arena_) {  // the mapped range changes only under the growth's lock
+        std::lock_guard<std::mutex> lock(mutex_);
+        return arena_->release();
+      }
+    }
     auto whole = shared_.take_whole_chunks();
     if (whole.empty()) { return 0; }
     // On the pool's own stream: never the legacy stream, which a capture may forbid.
@@ -151,6 +192,13 @@ class upstream_growth {
     try {
       [[maybe_unused]] auto relaxed = platform_.relax();
       auto const stream             = platform_.private_stream();
+      if constexpr (may_offer_arena<Upstream>) {
+        if (arena_) {  // an unmap is at once: after the waits on the fences ran
+          if (platform_.sync_stream(stream)) { arena_->unmap_all(chunks_.snapshot()); }
+          platform_.destroy_private_stream();
+          return;
+        }
+      }
       for (auto const& [ptr, size] : chunks_.snapshot()) {
         upstream_.deallocate(stream, ptr, size, pool_granularity);
       }
@@ -219,6 +267,7 @@ class upstream_growth {
   }
 
   Upstream upstream_;
+  std::optional<typename arena_part<Platform, Upstream>::type> arena_;
   growth_bounds const bounds_;
   std::mutex mutex_;
   Platform& platform_;

@@ -12,12 +12,16 @@
 #include <rmm_fences/detail/pool/blocks.hpp>
 #include <rmm_fences/detail/pool/chunk_registry.hpp>
 #include <rmm_fences/detail/pool/fence.hpp>
+#include <rmm_fences/detail/pool/pages.hpp>
 #include <rmm_fences/detail/pool/request.hpp>
 #include <rmm_fences/detail/spin_mutex.hpp>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -130,6 +134,50 @@ class shared_list {
       });
     } catch (...) {  // no host memory: the fences stay (waited on, never skipped)
     }
+  }
+
+  /// The block that ends at `end`: (start, size), or (nullptr, 0).
+  [[nodiscard]] std::pair<char*, std::size_t> block_ending_at(char* end)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return list_.block_ending_at(end);
+  }
+
+  /**
+   * @brief Takes up to `want` bytes of whole pages out of blocks that no fence guards (never
+   * of the block that starts at `keep`), largest blocks first, and out of the chunk registry;
+   * the rest of each block stays listed. The ranges taken.
+   */
+  std::vector<std::pair<char*, std::size_t>> take_idle_pages(std::size_t page,
+                                                             std::size_t want,
+                                                             char* keep)
+  {
+    std::vector<std::pair<char*, std::size_t>> taken;
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::pair<std::size_t, char*>> idle;  // (size, start), largest first
+    list_.for_each([&](char* p, std::size_t n, tag_type& tag) {
+      if (p != keep && tag.needs.empty() && inner_pages(p, n, page).second > 0) {
+        idle.emplace_back(n, p);
+      }
+    });
+    std::sort(idle.begin(), idle.end(), std::greater<>{});
+    std::size_t got = 0;
+    for (auto const& [n, p] : idle) {
+      if (got >= want) { break; }
+      auto const [lo, bytes] = inner_pages(p, n, page);
+      taken.reserve(taken.size() + 1);  // a throw comes before anything moved
+      auto b = list_.take(p);
+      chunks_.remove(lo, bytes);
+      std::array<untagged_block, 2> rest{
+        {{p, static_cast<std::size_t>(lo - p)},
+         {lo + bytes, static_cast<std::size_t>(p + n - (lo + bytes))}}};
+      for (auto const& r : rest) {
+        if (r.size > 0) { insert_or_lose_locked(list_, std::array{r}, b.tag, chunks_); }
+      }
+      taken.emplace_back(lo, bytes);
+      got += bytes;
+    }
+    return taken;
   }
 
   /// Takes out every block a fence guards (for a device synchronization).

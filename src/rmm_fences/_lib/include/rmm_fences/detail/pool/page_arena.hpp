@@ -1,0 +1,216 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * Stream-ordered pool, part: growth over a page arena, an upstream that backs one reserved
+ * virtual address range with physical pages on demand. The pool's memory is then one range
+ * that grows at its top: a growth maps only what the free block at the top lacks, and free
+ * blocks merge across growths. When the pool would hold more than `arena_slack_divisor`-th
+ * over the most bytes it had in use, a growth first unmaps whole pages of free blocks whose
+ * fences a query finds complete (their work is done, not only ordered: an unmap takes effect
+ * at once) and the arena backs the new range with those pages. Mapped and unmapped ranges
+ * change only under the growth's lock; no CUDA call here (the arena makes them).
+ */
+#pragma once
+
+#include <rmm_fences/detail/free_list.hpp>
+#include <rmm_fences/detail/pool/chunk_registry.hpp>
+#include <rmm_fences/detail/pool/counters.hpp>
+#include <rmm_fences/detail/pool/fence.hpp>
+#include <rmm_fences/detail/pool/pages.hpp>
+#include <rmm_fences/detail/pool/request.hpp>
+#include <rmm_fences/detail/pool/shared_list.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace rmm_fences::mr::detail::pool {
+
+/**
+ * @brief What the pool asks of a page arena (`Upstream::arena()` returns one, or nullptr).
+ *
+ *   std::size_t page_size() const noexcept;  // a power of two, a multiple of the granule
+ *   char* base() const noexcept;             // the reserved range: [base, base + reserved)
+ *   std::size_t reserved() const noexcept;
+ *   std::size_t physical_bytes() const noexcept;  // pages held: mapped and spare
+ *   std::size_t spare_bytes() const noexcept;     // pages held, mapped nowhere
+ *   void map(char* p, std::size_t n);   // backs [p, p + n) (pages), spare pages first;
+ *                                       // throws the platform's out_of_memory
+ *   void unmap(char* p, std::size_t n) noexcept;  // at once: its pages become spare
+ *   void trim() noexcept;                         // frees the spare pages
+ */
+template <typename A>
+concept page_arena = requires(A& a, A const& c, char* p, std::size_t n) {
+  { c.page_size() } -> std::convertible_to<std::size_t>;
+  { c.base() } -> std::convertible_to<char*>;
+  { c.reserved() } -> std::convertible_to<std::size_t>;
+  { c.physical_bytes() } -> std::convertible_to<std::size_t>;
+  { c.spare_bytes() } -> std::convertible_to<std::size_t>;
+  a.map(p, n);
+  a.unmap(p, n);
+  a.trim();
+};
+
+/**
+ * @brief Growth of a pool over the page arena `Arena` (the growth's lock held by callers of
+ * `grow_locked`, `grow_initial` and `release`).
+ *
+ * A growth maps at the top of the mapped range, after the free block that ends there (if
+ * any), the pages the request lacks; the new bytes hold no earlier work (fresh or unmapped
+ * once complete) and are listed untagged, merging with that block. A growth for a captured
+ * stream leaves that block alone (its fences could not be waited on) and starts a chunk of
+ * its own, which never merges below.
+ */
+template <typename Platform, page_arena Arena>
+class arena_growth {
+ public:
+  using tag_type = fence_tag<Platform>;
+  using request  = alloc_request<Platform>;
+
+  arena_growth(Arena& arena,
+               std::optional<std::size_t> maximum_pool_size,
+               Platform& platform,
+               chunk_registry& chunks,
+               shared_list<Platform>& shared,
+               pool_counters& counters)
+    : arena_{arena},
+      maximum_pool_size_{maximum_pool_size},
+      platform_{platform},
+      chunks_{chunks},
+      shared_{shared},
+      counters_{counters},
+      top_{arena.base()}
+  {
+  }
+
+  /// The initial pages, at the start of the range, listed untagged.
+  void grow_initial(std::size_t bytes)
+  {
+    auto const n = round_to_page(bytes, arena_.page_size());
+    if (!fits_bounds(n)) { Platform::throw_out_of_memory(bytes, 0); }
+    map_top(n, /*merge=*/true);
+  }
+
+  /**
+   * @brief Maps what `req` lacks at the top (unmapping complete free pages first when over the
+   * budget) and takes a block for it from the shared list; nullptr when the arena, its reserve
+   * or `maximum_pool_size` leaves no room.
+   */
+  void* grow_locked(request const& req)
+  {
+    auto const page      = arena_.page_size();
+    bool const capturing = platform_.is_capturing(req.stream);
+    auto const below = capturing ? std::pair<char*, std::size_t>{} : shared_.block_ending_at(top_);
+    auto const need  = req.need();
+    auto const n     = round_to_page(need - std::min(need, below.second), page);
+    if (n > remaining_reserve()) { return nullptr; }
+    unmap_over_budget(n, need, below.first);
+    if (!fits_bounds(n)) { return nullptr; }
+    try {
+      map_top(n, /*merge=*/!capturing);
+    } catch (typename Platform::out_of_memory const&) {
+      // Out of device memory: complete free pages elsewhere back the range, or nothing does.
+      if (unmap_complete_pages(n, below.first) == 0) { return nullptr; }
+      try {
+        map_top(n, !capturing);
+      } catch (typename Platform::out_of_memory const&) {
+        return nullptr;
+      }
+    }
+    pool_counters::bump(counters_.growths);
+    char* ptr = shared_.take_for(req);
+    return ptr == nullptr ? nullptr : counters_.account(ptr, req.size);
+  }
+
+  /// Unmaps every whole page of the shared list's free blocks whose fences are complete and
+  /// frees the arena's spare pages; the bytes it held before less after.
+  std::size_t release()
+  {
+    auto const before = arena_.physical_bytes();
+    unmap_complete_pages(SIZE_MAX, nullptr);
+    arena_.trim();
+    return before - arena_.physical_bytes();
+  }
+
+  /// At shutdown, once no work uses them: unmaps `ranges` and frees every page.
+  void unmap_all(std::vector<std::pair<char*, std::size_t>> const& ranges) noexcept
+  {
+    for (auto const& [ptr, size] : ranges) {
+      arena_.unmap(ptr, size);
+    }
+    arena_.trim();
+  }
+
+  /// Bytes of physical pages held (mapped and spare).
+  [[nodiscard]] std::size_t physical_bytes() const noexcept { return arena_.physical_bytes(); }
+
+ private:
+  [[nodiscard]] std::size_t remaining_reserve() const noexcept
+  { return static_cast<std::size_t>(arena_.base() + arena_.reserved() - top_); }
+
+  /// True when `n` more mapped bytes keep the pages held within `maximum_pool_size`.
+  [[nodiscard]] bool fits_bounds(std::size_t n) const noexcept
+  {
+    if (!maximum_pool_size_) { return true; }
+    auto const fresh = n - std::min(n, arena_.spare_bytes());
+    return arena_.physical_bytes() + fresh <= *maximum_pool_size_;
+  }
+
+  /// Before mapping `n` bytes for a request of `need`: unmaps complete free pages (never of
+  /// the block at `keep`) so that the pages held stay within `arena_budget`.
+  void unmap_over_budget(std::size_t n, std::size_t need, char* keep)
+  {
+    auto const fresh = n - std::min(n, arena_.spare_bytes());
+    auto const after = arena_.physical_bytes() + fresh;
+    auto const in_use =
+      static_cast<std::size_t>(std::max<std::int64_t>(counters_.current_bytes.load(), 0)) + need;
+    auto const budget = arena_budget(counters_.peak_bytes.load(), in_use);
+    if (after > budget) { unmap_complete_pages(after - budget, keep); }
+  }
+
+  /// Unmaps up to `want` bytes (whole pages, largest free blocks first, never the block at
+  /// `keep`) of free blocks whose fences a query finds complete; the bytes unmapped.
+  std::size_t unmap_complete_pages(std::size_t want, char* keep)
+  {
+    shared_.drop_complete_needs();
+    auto const cut                = shared_.take_idle_pages(arena_.page_size(), want, keep);
+    std::size_t unmapped          = 0;
+    [[maybe_unused]] auto relaxed = platform_.relax();
+    for (auto const& [ptr, size] : cut) {
+      arena_.unmap(ptr, size);
+      unmapped += size;
+    }
+    return unmapped;
+  }
+
+  /// Maps `n` bytes at the top, registers them (merged with the range below when `merge`) and
+  /// lists them untagged.
+  void map_top(std::size_t n, bool merge)
+  {
+    if (n == 0) { return; }
+    [[maybe_unused]] auto relaxed = platform_.relax();
+    arena_.map(top_, n);
+    char* const ptr = top_;
+    top_ += n;
+    if (merge) {
+      chunks_.add_merging(ptr, n);
+    } else {
+      chunks_.add(ptr, n);
+    }
+    shared_.insert(ptr, n, tag_type{});
+  }
+
+  Arena& arena_;
+  std::optional<std::size_t> const maximum_pool_size_;
+  Platform& platform_;
+  chunk_registry& chunks_;
+  shared_list<Platform>& shared_;
+  pool_counters& counters_;
+  char* top_;  // the end of the mapped range: the next growth maps here
+};
+
+}  // namespace rmm_fences::mr::detail::pool
