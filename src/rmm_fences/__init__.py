@@ -14,6 +14,7 @@ from rmm_fences._lib.memory_resource import (
     HazardTrackingResourceAdaptor,
     StreamOrderedPoolMemoryResource,
     SyncOnFreeResourceAdaptor,
+    VmmPoolMemoryResource,
 )
 from rmm_fences._version import __version__
 from rmm_fences.specs import SpecError, compose, parse_spec, use_resource
@@ -27,6 +28,7 @@ __all__ = [
     "SpecError",
     "StreamOrderedPoolMemoryResource",
     "SyncOnFreeResourceAdaptor",
+    "VmmPoolMemoryResource",
     "__version__",
     "compose",
     "get_cmake_dir",

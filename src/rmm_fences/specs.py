@@ -11,7 +11,8 @@ needs no GPU; ``compose`` builds the resources (on the current device).
 
 The two pools: ``stream_ordered_pool`` is rmm_fences' ``StreamOrderedPoolMemoryResource``, and
 ``pool`` its shorthand (the same resource: a spec written with it keeps its meaning);
-``rmm_pool`` is rmm's ``PoolMemoryResource``.
+``vmm_pool`` is the same pool over device pages it maps itself (``VmmPoolMemoryResource``, no
+upstream); ``rmm_pool`` is rmm's ``PoolMemoryResource``.
 """
 
 from __future__ import annotations
@@ -160,6 +161,14 @@ RESOURCES = {
             stream_ordered=True,
             aliases=("pool",),
             doc="rmm_fences StreamOrderedPoolMemoryResource (shorthand: pool)",
+        ),
+        _Kind(
+            name="vmm_pool",
+            cls="rmm_fences.VmmPoolMemoryResource",
+            adaptor=False,
+            params={**_SIZES, "reserve_size": "size"},
+            stream_ordered=True,
+            doc="rmm_fences VmmPoolMemoryResource (the pool over device pages it maps itself)",
         ),
         _Kind(
             name="sync_on_free",

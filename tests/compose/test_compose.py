@@ -114,6 +114,7 @@ def test_every_name_is_documented():
         "tracking",
         "naive_cache",
         "vmm_unmap",
+        "vmm_pool",
     }
     assert all(kind.doc for kind in RESOURCES.values())
 

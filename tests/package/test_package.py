@@ -32,6 +32,7 @@ def test_public_names():
         "SpecError",
         "StreamOrderedPoolMemoryResource",
         "SyncOnFreeResourceAdaptor",
+        "VmmPoolMemoryResource",
         "__version__",
         "compose",
         "get_cmake_dir",
@@ -47,6 +48,9 @@ def test_public_names():
     assert issubclass(StreamOrderedPoolMemoryResource, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(SyncOnFreeResourceAdaptor, rmm.mr.UpstreamResourceAdaptor)
     assert issubclass(NaiveCachingMemoryResource, rmm.mr.UpstreamResourceAdaptor)
+    # no upstream: its memory is the device's pages, as CudaAsyncMemoryResource's pool's
+    assert issubclass(rmm_fences.VmmPoolMemoryResource, rmm.mr.DeviceMemoryResource)
+    assert not issubclass(rmm_fences.VmmPoolMemoryResource, rmm.mr.UpstreamResourceAdaptor)
 
 
 def test_typed_stubs_are_installed():

@@ -192,6 +192,11 @@ class PoolModel(RuleBasedStateMachine):
         stats = self.p.stats
         assert stats["current_bytes"] == sum(s for _, _, s, _ in self.live.values())
         assert stats["pool_bytes"] == sum(n for _, n in self.p.chunks) == self.p.pool_size()
+        arena = self.p.arena  # its pages: the mapped range and the spare pages
+        held = stats["pool_bytes"] if arena is None else arena["physical_bytes"]
+        assert stats["physical_bytes"] == held
+        if arena is not None:
+            assert arena["mapped_bytes"] == stats["pool_bytes"]
         free = sum(n for _, n, _ in self.p.free_blocks)
         assert free + stats["current_bytes"] == stats["pool_bytes"], "bytes lost or doubled"
 

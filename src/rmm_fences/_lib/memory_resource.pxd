@@ -74,6 +74,9 @@ cdef extern from "rmm_fences/naive_caching_memory_resource.hpp" \
 
 cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
         namespace "rmm_fences::mr" nogil:
+    cdef cppclass device_pages_tag "rmm_fences::mr::detail::device_pages_tag":
+        device_pages_tag()
+
     cdef cppclass stream_ordered_pool_memory_resource:
         stream_ordered_pool_memory_resource(
             any_resource[device_accessible] upstream,
@@ -81,6 +84,13 @@ cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
             optional[size_t] maximum_pool_size,
             optional[size_t] maximum_growth_size,
         ) except +
+        stream_ordered_pool_memory_resource(
+            device_pages_tag,
+            size_t initial_pool_size,
+            optional[size_t] maximum_pool_size,
+            optional[size_t] reserve_size,
+        ) except +
+        size_t physical_bytes()
         void* try_allocate_cached(stream_ref stream, size_t nbytes) except +
         void* allocate(stream_ref stream, size_t nbytes, size_t alignment) except +
         int deallocate_checked(stream_ref stream, void* ptr, size_t nbytes,

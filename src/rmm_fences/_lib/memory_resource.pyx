@@ -357,6 +357,80 @@ class NaiveCachingMemoryResource(_UpstreamFirst, _NaiveCachingMemoryResource):
         pass
 
 
+cdef object _pool_sizes(initial_pool_size, maximum_pool_size):
+    """(initial bytes, maximum bytes or None) of a pool's arguments, checked."""
+    cdef size_t initial
+    if initial_pool_size is None:  # rmm's PoolMemoryResource: half the free memory
+        initial = percent_of_free_device_memory(50)
+    else:
+        initial = parse_bytes(initial_pool_size, "initial_pool_size")
+    if maximum_pool_size is None:
+        return initial, None
+    maximum = parse_bytes(maximum_pool_size, "maximum_pool_size")
+    if maximum < initial:
+        raise ValueError(
+            f"maximum_pool_size ({maximum}) must be at least initial_pool_size ({initial}"
+            + (", half the free device memory)" if initial_pool_size is None else ")")
+        )
+    return initial, maximum
+
+
+cdef uintptr_t _pool_allocate(stream_ordered_pool_memory_resource* mr, size_t nbytes,
+                              object stream) except? 0:
+    """The pools' allocate: the same-stream path with the GIL, a miss without it."""
+    cdef Stream rs = <Stream>stream if type(stream) is Stream else _resource_stream(stream)
+    cdef stream_ref s = rs.view()
+    cdef void* ptr = mr.try_allocate_cached(s, nbytes)
+    if ptr == NULL:
+        with nogil:
+            ptr = mr.allocate(s, nbytes, CUDA_ALLOCATION_ALIGNMENT)
+    return <uintptr_t>ptr
+
+
+cdef object _pool_deallocate(stream_ordered_pool_memory_resource* mr, uintptr_t ptr,
+                             size_t nbytes, object stream):
+    """The pools' checked free: ValueError for a free the pool refuses (it is unchanged)."""
+    cdef Stream rs = <Stream>stream if type(stream) is Stream else _resource_stream(stream)
+    cdef size_t allocated = 0
+    cdef int status = mr.deallocate_checked(rs.view(), <void*>ptr, nbytes, &allocated)
+    if status == 0:
+        return
+    if status == 2:
+        raise ValueError(
+            f"size mismatch: allocated {allocated} bytes, freed with {nbytes} "
+            f"(pointer {ptr:#x}); the pool is unchanged"
+        )
+    if status == 3:
+        raise ValueError(
+            f"stream of another device: cannot free {ptr:#x} on it; the pool is unchanged"
+        )
+    raise ValueError(
+        f"double free or foreign pointer: {ptr:#x} ({nbytes} bytes) is not a live block "
+        "of this pool; the pool is unchanged"
+    )
+
+
+cdef size_t _pool_release(stream_ordered_pool_memory_resource* mr) except? 0:
+    cdef size_t n
+    with nogil:
+        n = mr.release()
+    return n
+
+
+cdef cbool _pool_reclaim(stream_ordered_pool_memory_resource* mr) except? False:
+    cdef cbool ok
+    with nogil:
+        ok = mr.synchronize_and_reclaim()
+    return ok
+
+
+cdef object _pool_retire(stream_ordered_pool_memory_resource* mr, object stream):
+    cdef Stream s = as_stream(stream)
+    cdef stream_ref c_stream = s.view()
+    with nogil:
+        mr.retire_stream(c_stream)
+
+
 cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
     cdef unique_ptr[stream_ordered_pool_memory_resource] c_obj
     cdef object _maximum_pool_size
@@ -367,18 +441,8 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         cdef size_t initial
         cdef optional[size_t] maximum
         cdef optional[size_t] growth
-        if initial_pool_size is None:  # rmm's PoolMemoryResource: half the free memory
-            initial = percent_of_free_device_memory(50)
-        else:
-            initial = parse_bytes(initial_pool_size, "initial_pool_size")
-        if maximum_pool_size is not None:
-            self._maximum_pool_size = parse_bytes(maximum_pool_size, "maximum_pool_size")
-            if self._maximum_pool_size < initial:
-                raise ValueError(
-                    f"maximum_pool_size ({self._maximum_pool_size}) must be at least "
-                    f"initial_pool_size ({initial}"
-                    + (", half the free device memory)" if initial_pool_size is None else ")")
-                )
+        initial, self._maximum_pool_size = _pool_sizes(initial_pool_size, maximum_pool_size)
+        if self._maximum_pool_size is not None:
             maximum = <size_t>self._maximum_pool_size
         if maximum_growth_size is not None:
             self._maximum_growth_size = parse_bytes(maximum_growth_size, "maximum_growth_size")
@@ -409,13 +473,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         without releasing the GIL (it never blocks and takes tens of nanoseconds); only a
         miss, which may grow the pool, releases it.
         """
-        cdef Stream rs = <Stream>stream if type(stream) is Stream else _resource_stream(stream)
-        cdef stream_ref s = rs.view()
-        cdef void* ptr = deref(self.c_obj).try_allocate_cached(s, nbytes)
-        if ptr == NULL:
-            with nogil:
-                ptr = deref(self.c_obj).allocate(s, nbytes, CUDA_ALLOCATION_ALIGNMENT)
-        return <uintptr_t>ptr
+        return _pool_allocate(self.c_obj.get(), nbytes, stream)
 
     def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM):
         """Free ``ptr`` on ``stream``: reusable on ``stream`` at once, elsewhere after a fence.
@@ -433,25 +491,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
             ``stream`` belongs to another device. The pool is then left unchanged (the refusal
             is counted in ``stats["rejected_frees"]``).
         """
-        cdef Stream rs = <Stream>stream if type(stream) is Stream else _resource_stream(stream)
-        cdef size_t allocated = 0
-        cdef int status = deref(self.c_obj).deallocate_checked(
-            rs.view(), <void*>ptr, nbytes, &allocated)
-        if status == 0:
-            return
-        if status == 2:
-            raise ValueError(
-                f"size mismatch: allocated {allocated} bytes, freed with {nbytes} "
-                f"(pointer {ptr:#x}); the pool is unchanged"
-            )
-        if status == 3:
-            raise ValueError(
-                f"stream of another device: cannot free {ptr:#x} on it; the pool is unchanged"
-            )
-        raise ValueError(
-            f"double free or foreign pointer: {ptr:#x} ({nbytes} bytes) is not a live block "
-            "of this pool; the pool is unchanged"
-        )
+        _pool_deallocate(self.c_obj.get(), ptr, nbytes, stream)
 
     def pool_size(self) -> int:
         """Bytes held from the upstream."""
@@ -476,10 +516,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         a graph that may still replay, or left by streams that went away stay. Returns the
         number of bytes returned.
         """
-        cdef size_t n
-        with nogil:
-            n = deref(self.c_obj).release()
-        return n
+        return _pool_release(self.c_obj.get())
 
     def synchronize_and_reclaim(self) -> bool:
         """Synchronize the device, then make free for every stream what that orders.
@@ -491,10 +528,7 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         global-mode capture in any thread: do not call this while one may be under way.
         Returns False (and changes nothing) when the synchronization fails.
         """
-        cdef cbool ok
-        with nogil:
-            ok = deref(self.c_obj).synchronize_and_reclaim()
-        return ok
+        return _pool_reclaim(self.c_obj.get())
 
     def retire_stream(self, stream) -> None:
         """Fence ``stream`` and hand the blocks it freed to every stream; call this before
@@ -505,14 +539,12 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         its idle slot is retired: only :meth:`synchronize_and_reclaim` frees them
         (``stats["orphan_bytes"]``).
         """
-        cdef Stream s = as_stream(stream)
-        cdef stream_ref c_stream = s.view()
-        with nogil:
-            deref(self.c_obj).retire_stream(c_stream)
+        _pool_retire(self.c_obj.get(), stream)
 
     @property
     def stats(self) -> dict:
-        """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``same_stream_reuse``,
+        """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``physical_bytes`` (the
+        same here), ``same_stream_reuse``,
         ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
         ``reclaim_syncs`` (calls of :meth:`synchronize_and_reclaim` that synchronized),
         ``retired_streams``, ``rejected_frees``, ``stream_slots`` (slots held now: one per
@@ -578,6 +610,126 @@ class StreamOrderedPoolMemoryResource(_UpstreamFirst, _StreamOrderedPoolMemoryRe
 
     def __init__(self, upstream_mr, initial_pool_size=0, maximum_pool_size=None,
                  maximum_growth_size=None):
+        pass
+
+
+cdef class _VmmPoolMemoryResource(DeviceMemoryResource):
+    cdef unique_ptr[stream_ordered_pool_memory_resource] c_obj
+    cdef object _maximum_pool_size
+    cdef object _reserve_size
+
+    def __cinit__(self, initial_pool_size=0, maximum_pool_size=None, *, reserve_size=None):
+        cdef size_t initial
+        cdef optional[size_t] maximum
+        cdef optional[size_t] reserve
+        initial, self._maximum_pool_size = _pool_sizes(initial_pool_size, maximum_pool_size)
+        if self._maximum_pool_size is not None:
+            maximum = <size_t>self._maximum_pool_size
+        if reserve_size is not None:
+            self._reserve_size = parse_bytes(reserve_size, "reserve_size")
+            if self._reserve_size < max(initial, self._maximum_pool_size or 0):
+                raise ValueError(
+                    f"reserve_size ({self._reserve_size}) must be at least initial_pool_size "
+                    f"({initial}) and maximum_pool_size ({self._maximum_pool_size})"
+                )
+            reserve = <size_t>self._reserve_size
+        with nogil:
+            self.c_obj.reset(new stream_ordered_pool_memory_resource(
+                device_pages_tag(), initial, maximum, reserve,
+            ))
+        self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
+
+    def __repr__(self):
+        return (
+            f"{type(self).__name__}(pool_size={self.pool_size()}, "
+            f"physical_bytes={self.physical_bytes()}, "
+            f"maximum_pool_size={self.maximum_pool_size!r})"
+        )
+
+    def allocate(self, size_t nbytes, stream=DEFAULT_STREAM):
+        """Allocate ``nbytes`` on ``stream`` (as
+        :meth:`StreamOrderedPoolMemoryResource.allocate`)."""
+        return _pool_allocate(self.c_obj.get(), nbytes, stream)
+
+    def deallocate(self, uintptr_t ptr, size_t nbytes, stream=DEFAULT_STREAM):
+        """Free ``ptr`` on ``stream`` (as :meth:`StreamOrderedPoolMemoryResource.deallocate`:
+        ``ValueError`` for a double free, a foreign pointer or a wrong size)."""
+        _pool_deallocate(self.c_obj.get(), ptr, nbytes, stream)
+
+    def pool_size(self) -> int:
+        """Bytes of the pool's mapped range."""
+        return deref(self.c_obj).pool_size()
+
+    def physical_bytes(self) -> int:
+        """Bytes of device pages held: mapped, and spare (unmapped, kept for the next growth
+        until :meth:`release`)."""
+        return deref(self.c_obj).physical_bytes()
+
+    @property
+    def maximum_pool_size(self):
+        """The bound on :meth:`physical_bytes`, or ``None``."""
+        return self._maximum_pool_size
+
+    @property
+    def reserve_size(self):
+        """The address space asked for, or ``None`` (four times the device's memory)."""
+        return self._reserve_size
+
+    def release(self) -> int:
+        """Unmap every whole page of free blocks whose work is done (their fences complete)
+        and free the spare pages: never waits. Returns the bytes of pages freed."""
+        return _pool_release(self.c_obj.get())
+
+    def synchronize_and_reclaim(self) -> bool:
+        """As :meth:`StreamOrderedPoolMemoryResource.synchronize_and_reclaim`."""
+        return _pool_reclaim(self.c_obj.get())
+
+    def retire_stream(self, stream) -> None:
+        """As :meth:`StreamOrderedPoolMemoryResource.retire_stream`."""
+        _pool_retire(self.c_obj.get(), stream)
+
+    @property
+    def stats(self) -> dict:
+        """As :attr:`StreamOrderedPoolMemoryResource.stats` (``pool_bytes``: the mapped
+        range; ``physical_bytes``: the pages held, mapped and spare)."""
+        return deref(self.c_obj).stats()
+
+
+class VmmPoolMemoryResource(_VmmPoolMemoryResource):
+    """The stream-ordered pool over device pages it maps itself (CUDA's virtual memory
+    management): the leanest footprint of the pools here.
+
+    The same rules as :class:`StreamOrderedPoolMemoryResource` (a block freed on a stream is
+    reused on it at once, elsewhere after a stream wait on a fence; no host synchronization),
+    but no upstream: the pool reserves one virtual address range and backs it with pages of
+    the device's minimum allocation granularity (2 MiB on current GPUs). It grows at the top
+    of its mapped range by what the free block there lacks, so free blocks merge across
+    growths. When a growth would make it hold more than 1/16 over the most bytes it had in
+    use, it first unmaps whole pages of free blocks whose work is done (a query found their
+    fences complete: an unmap takes effect at once) and maps those pages where it grows.
+
+    Parameters
+    ----------
+    initial_pool_size : int, str or None
+        Bytes mapped at construction (``"1GiB"`` accepted). ``0`` (default): nothing until
+        the first allocation. ``None``: half the free device memory.
+    maximum_pool_size : int or str, optional
+        The most bytes of pages the pool may hold (:meth:`physical_bytes`). ``None``
+        (default): no bound.
+    reserve_size : int or str, optional
+        The address space reserved, which the mapped range never passes (address space costs
+        no device memory). ``None`` (default): four times the device's memory.
+
+    Notes
+    -----
+    Costs: a growth maps its pages one by one (``cuMemCreate``, ``cuMemMap``, one
+    ``cuMemSetAccess``), and may unmap pages first (``cuMemUnmap``); the same-stream path is
+    the pool's. Pages cached by a stream since its last fence record, or held for a graph
+    that may still replay, are never unmapped. Raises ``RuntimeError`` where the driver lacks
+    the virtual memory API. The pool belongs to the device current at construction.
+    """
+
+    def __init__(self, initial_pool_size=0, maximum_pool_size=None, *, reserve_size=None):
         pass
 
 

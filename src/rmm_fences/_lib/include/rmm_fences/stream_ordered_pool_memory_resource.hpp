@@ -16,6 +16,9 @@
 
 namespace rmm_fences::mr {
 
+/// Selects the constructor of `stream_ordered_pool_memory_resource` over the device's pages.
+inline constexpr detail::device_pages_tag device_pages{};
+
 /**
  * @brief A pool that is safe without any host synchronization: reuse follows stream order.
  *
@@ -55,6 +58,29 @@ class stream_ordered_pool_memory_resource
   {
   }
 
+  /**
+   * A pool over the pages of the device current now (CUDA's virtual memory management): it
+   * grows at the top of one reserved address range, its free blocks merge across growths, and
+   * pages of free blocks whose work is done back new growths (`rmm_fences.mr.VmmPoolMemoryResource`
+   * in Python).
+   *
+   * @param initial_pool_size bytes mapped at construction (0: on demand)
+   * @param maximum_pool_size the most bytes of pages the pool may hold (empty: no bound)
+   * @param reserve_size the address space it may grow in (empty: four times the device's
+   * memory)
+   */
+  stream_ordered_pool_memory_resource(detail::device_pages_tag,
+                                      std::size_t initial_pool_size                = 0,
+                                      std::optional<std::size_t> maximum_pool_size = std::nullopt,
+                                      std::optional<std::size_t> reserve_size      = std::nullopt)
+    : shared_base(cuda::std::in_place_type<detail::stream_ordered_pool_memory_resource_impl>,
+                  detail::device_pages_tag{},
+                  initial_pool_size,
+                  maximum_pool_size,
+                  reserve_size)
+  {
+  }
+
   /// The same-stream path alone (never blocks): a block freed earlier on `stream`, or nullptr.
   [[nodiscard]] void* try_allocate_cached(cuda::stream_ref stream,
                                           std::size_t bytes,
@@ -79,6 +105,8 @@ class stream_ordered_pool_memory_resource
   /// that may still replay). Must not run while any thread captures in the global mode.
   bool synchronize_and_reclaim() { return get().synchronize_and_reclaim(); }
   [[nodiscard]] std::size_t pool_size() const noexcept { return get().pool_size(); }
+  /// Bytes of device pages held, mapped and spare (a pool over an upstream: `pool_size()`).
+  [[nodiscard]] std::size_t physical_bytes() const noexcept { return get().physical_bytes(); }
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
   { return get().maximum_pool_size(); }
   [[nodiscard]] std::optional<std::size_t> maximum_growth_size() const noexcept

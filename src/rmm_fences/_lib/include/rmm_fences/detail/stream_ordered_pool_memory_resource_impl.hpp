@@ -3,6 +3,7 @@
  */
 #pragma once
 
+#include <rmm_fences/detail/cuda_page_arena.hpp>
 #include <rmm_fences/detail/cuda_pool_platform.hpp>
 #include <rmm_fences/detail/missing_gpu.hpp>
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
@@ -18,32 +19,83 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <utility>
 
 namespace rmm_fences::mr::detail {
+
+/// Builds a pool over the device's own pages (`stream_ordered_pool_memory_resource`'s
+/// `device_pages` constructor).
+struct device_pages_tag {};
+
+/// Where the pool's memory comes from: an upstream resource that hands out chunks, or the
+/// device's own pages through a page arena (`arena()`, detail/pool/page_arena.hpp).
+class pool_upstream {
+ public:
+  using resource_type = cuda::mr::any_resource<cuda::mr::device_accessible>;
+
+  explicit pool_upstream(resource_type resource) : resource_{std::move(resource)} {}
+  pool_upstream(device_pages_tag, std::unique_ptr<cuda_page_arena> arena) : arena_{std::move(arena)}
+  {
+  }
+
+  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
+  { return resource_->allocate(stream, bytes, alignment); }
+  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment)
+  { resource_->deallocate(stream, ptr, bytes, alignment); }
+
+  /// The page arena, or nullptr (an upstream resource).
+  [[nodiscard]] cuda_page_arena* arena() const noexcept { return arena_.get(); }
+  /// The upstream resource, or nullptr (a page arena).
+  [[nodiscard]] resource_type* resource() noexcept
+  { return resource_ ? std::addressof(*resource_) : nullptr; }
+
+ private:
+  std::optional<resource_type> resource_;
+  std::unique_ptr<cuda_page_arena> arena_;
+};
 
 /**
  * @brief Implementation of `stream_ordered_pool_memory_resource`: the pool's policy core on
  * CUDA streams and events, bound to the device current at construction.
  */
 class stream_ordered_pool_memory_resource_impl {
-  using upstream_type = cuda::mr::any_resource<cuda::mr::device_accessible>;
+  using upstream_type = pool_upstream;
   using core_type =
     rmm_fences::mr::detail::stream_ordered_pool_core<rmm_fences::mr::detail::cuda_pool_platform,
                                                      upstream_type>;
 
  public:
-  stream_ordered_pool_memory_resource_impl(upstream_type upstream,
+  stream_ordered_pool_memory_resource_impl(pool_upstream::resource_type upstream,
                                            std::size_t initial_pool_size,
                                            std::optional<std::size_t> maximum_pool_size,
                                            std::optional<std::size_t> maximum_growth_size)
   try
-    : core_{std::move(upstream),
+    : core_{pool_upstream{std::move(upstream)},
             initial_pool_size,
             maximum_pool_size,
             maximum_growth_size,
             rmm::get_current_cuda_device()} {
   } catch (...) {
     rethrow_allocation_error("StreamOrderedPoolMemoryResource");  // the initial pool
+  }
+
+  /// A pool over the pages of the device current now (`reserve_size`: the address space it
+  /// may grow in; empty: four times the device's memory).
+  stream_ordered_pool_memory_resource_impl(device_pages_tag,
+                                           std::size_t initial_pool_size,
+                                           std::optional<std::size_t> maximum_pool_size,
+                                           std::optional<std::size_t> reserve_size)
+  try
+    : core_{pool_upstream{
+              device_pages_tag{},
+              std::make_unique<cuda_page_arena>(rmm::get_current_cuda_device(), reserve_size)},
+            initial_pool_size,
+            maximum_pool_size,
+            std::nullopt,
+            rmm::get_current_cuda_device()} {
+  } catch (...) {
+    rethrow_allocation_error("VmmPoolMemoryResource");
   }
 
   /**
@@ -160,8 +212,23 @@ class stream_ordered_pool_memory_resource_impl {
                                           std::size_t alignment = rmm::CUDA_ALLOCATION_ALIGNMENT)
   { return core_.try_allocate_cached(stream, bytes, alignment); }
 
-  [[nodiscard]] rmm::device_async_resource_ref get_upstream_resource() const noexcept
-  { return rmm::device_async_resource_ref{const_cast<upstream_type&>(core_.upstream())}; }
+  /// The upstream resource (a pool over the device's pages has none: std::logic_error).
+  [[nodiscard]] rmm::device_async_resource_ref get_upstream_resource() const
+  {
+    auto* resource = const_cast<upstream_type&>(core_.upstream()).resource();
+    if (resource == nullptr) {
+      throw std::logic_error("a pool over the device's pages has no upstream resource");
+    }
+    return rmm::device_async_resource_ref{*resource};
+  }
+
+  /// Bytes of device pages held (mapped and spare) by a pool over the device's pages; else
+  /// `pool_size()`.
+  [[nodiscard]] std::size_t physical_bytes() const noexcept
+  {
+    auto const* arena = core_.upstream().arena();
+    return arena != nullptr ? arena->physical_bytes() : core_.pool_size();
+  }
 
   friend void get_property(stream_ordered_pool_memory_resource_impl const&,
                            cuda::mr::device_accessible) noexcept

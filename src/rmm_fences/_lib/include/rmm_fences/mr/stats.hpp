@@ -25,9 +25,12 @@ struct sync_on_free_stats {
 
 /// Counters of a `stream_ordered_pool_memory_resource`.
 struct stream_ordered_pool_stats {
-  std::uint64_t current_bytes{};       ///< bytes allocated to users now
-  std::uint64_t peak_bytes{};          ///< most bytes allocated to users at once
-  std::uint64_t pool_bytes{};          ///< bytes held from the upstream
+  std::uint64_t current_bytes{};  ///< bytes allocated to users now
+  std::uint64_t peak_bytes{};     ///< most bytes allocated to users at once
+  std::uint64_t pool_bytes{};     ///< bytes held from the upstream (or mapped: device pages)
+  /// Bytes of device memory held: `pool_bytes`, and over the device's pages the spare pages
+  /// too (unmapped, kept for the next growth until `release`).
+  std::uint64_t physical_bytes{};
   std::uint64_t same_stream_reuse{};   ///< allocations served from the stream's own frees
   std::uint64_t cross_stream_reuse{};  ///< allocations that waited on another stream's fence
   std::uint64_t upstream_growths{};    ///< chunks taken from the upstream

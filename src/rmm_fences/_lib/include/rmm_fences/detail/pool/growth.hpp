@@ -86,6 +86,15 @@ class upstream_growth {
     }
   }
 
+  /// Bytes of memory held: the chunks, or the arena's pages (mapped and spare).
+  [[nodiscard]] std::size_t physical_bytes() const noexcept
+  {
+    if constexpr (may_offer_arena<Upstream>) {
+      if (arena_) { return arena_->physical_bytes(); }
+    }
+    return chunks_.bytes();
+  }
+
   /// True when the upstream is a page arena.
   [[nodiscard]] bool over_arena() const noexcept { return arena_.has_value(); }
 
