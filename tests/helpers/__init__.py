@@ -16,7 +16,9 @@ from ``helpers.children.child_env()``.
 - ``fake_upstream``: ``FakeUpstream``, an rmm resource handing out fake addresses (CPU tests)
 - ``rmm_log``: a sample of rmm's allocation log
 - ``scripts``: scripts of tools/ (no package on ``sys.path``) imported by their path
-- ``torch_child``, ``vmm_child``, ``sanitizer_child``: scripts the tests run as child processes
+- ``torch_child``, ``vmm_child``, ``vmm_pool_child``, ``sanitizer_child``: scripts the tests run
+  as child processes
+- ``alloc_shapes``: allocation logs of shapes the recorded ones lack, made from a seed
 - ``numpy_row_stack``: ``numpy.row_stack`` back for numba-cuda (imported before cuDF; each Dask
   worker of the GPU tests preloads it)
 """

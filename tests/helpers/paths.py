@@ -22,6 +22,7 @@ DOCS_DATA = DOCS / "data"
 #: Scripts the tests run in child processes (see each one's docstring).
 TORCH_CHILD = HELPERS / "torch_child.py"
 VMM_CHILD = HELPERS / "vmm_child.py"
+VMM_POOL_CHILD = HELPERS / "vmm_pool_child.py"
 SANITIZER_CHILD = HELPERS / "sanitizer_child.py"
 #: Preloaded by each Dask worker of the GPU tests (a file, as dask-cuda's ``preload`` takes it).
 ROW_STACK = HELPERS / "numpy_row_stack.py"
