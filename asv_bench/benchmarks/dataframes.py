@@ -30,6 +30,7 @@ SPECS = {
     "cuda_async": "cuda_async",
     "rmm_pool": "rmm_pool(cuda, initial_pool_size=0)",
     "rmm_fences_pool": "pool(cuda)",
+    "rmm_fences_vmm_pool": "vmm_pool",
     "tracking_pool": "tracking(pool(cuda), on_hazard=record)",
     "sync_on_free_deferred": "sync_on_free(rmm_pool(cuda, initial_pool_size=0), mode=deferred)",
 }

@@ -28,6 +28,7 @@ def trace_names(directory=TRACES_DIR):
 #: their footprint is what the trace made them take, not a size chosen in advance.
 SPECS = {
     "rmm_fences_pool": "pool(cuda)",  # 64 MiB first, then doubling
+    "rmm_fences_vmm_pool": "vmm_pool",  # footprint: the most bytes of pages it held
     "rmm_pool": "rmm_pool(cuda, initial_pool_size=0)",  # grows by the larger of request, size
     "cuda_async": "cuda_async",  # footprint: the memory pool's reserved bytes
     "arena": "arena(cuda, arena_size={arena_size})",  # its size taken at once: see arena_size

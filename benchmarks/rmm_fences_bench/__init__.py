@@ -112,16 +112,19 @@ def with_footprint(spec) -> str:
     """``spec`` (a str or a ``Spec``, see :mod:`rmm_fences.specs`) with an rmm
     ``StatisticsResourceAdaptor`` (``statistics``) between its leaf resource and the rest: the
     layer where :func:`replay` reads the chain's footprint (:func:`footprint_layer`), e.g.
-    ``"pool(cuda)"`` -> ``"pool(statistics(cuda))"``. A spec whose leaf is ``cuda_async``, or
-    whose leaf already has a statistics adaptor over it, comes back as it is (the replay reads
-    the CUDA memory pool of a ``cuda_async`` leaf)."""
+    ``"pool(cuda)"`` -> ``"pool(statistics(cuda))"``. A spec whose leaf is ``cuda_async`` or
+    ``vmm_pool``, or whose leaf already has a statistics adaptor over it, comes back as it is
+    (the replay reads the CUDA memory pool of a ``cuda_async`` leaf, the pages a ``vmm_pool``
+    held)."""
     from rmm_fences.specs import Spec, parse_spec
 
     tree = spec if isinstance(spec, Spec) else parse_spec(spec)
 
     def wrap(node):
         if node.inner is None:
-            return node if node.name == "cuda_async" else Spec("statistics", node)
+            if node.name in ("cuda_async", "vmm_pool"):  # measured by the pool itself
+                return node
+            return Spec("statistics", node)
         if node.name == "statistics" and node.inner.inner is None:
             return node
         return dataclasses.replace(node, inner=wrap(node.inner))

@@ -72,11 +72,13 @@ class ReplayStats(TypedDict):
     trace_peak_live_bytes: int
     footprint_bytes: int | None
     fragmentation: float | None
-    footprint_source: Literal["cuda_async_pool", "statistics", "none"]
+    footprint_source: Literal["cuda_async_pool", "vmm_pool", "statistics", "none"]
 
 def footprint_layer(
     mr: DeviceMemoryResource,
-) -> tuple[Literal["cuda_async_pool", "statistics", "none"], DeviceMemoryResource | None]: ...
+) -> tuple[
+    Literal["cuda_async_pool", "vmm_pool", "statistics", "none"], DeviceMemoryResource | None
+]: ...
 def replay(
     mr: DeviceMemoryResource,
     trace: Trace,

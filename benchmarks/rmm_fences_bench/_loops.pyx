@@ -28,6 +28,7 @@ from rmm.pylibrmm.stream cimport Stream
 from rmm_fences_bench._replay cimport c_make_trace, replay_result, replay_trace_t
 from rmm_fences._lib.memory_resource cimport as_stream
 
+from rmm_fences import VmmPoolMemoryResource
 from rmm_fences._sizes import parse_bytes
 
 
@@ -288,6 +289,8 @@ def footprint_layer(mr) -> tuple:
 
     - ``("cuda_async_pool", r)``: the chain ends in ``r``, an ``rmm.mr.CudaAsyncMemoryResource``
       or ``CudaAsyncViewMemoryResource``: the bytes its CUDA memory pool reserves;
+    - ``("vmm_pool", r)``: the chain ends in ``r``, an ``rmm_fences.VmmPoolMemoryResource``:
+      the most bytes of device pages it held (``stats["peak_physical_bytes"]``);
     - ``("statistics", r)``: the chain ends in ``r``, an ``rmm.mr.StatisticsResourceAdaptor``,
       over one resource that takes no upstream (``cuda``, ``managed``, ...): the bytes it holds
       from that resource (``rmm_fences_bench.with_footprint`` puts it there in a spec);
@@ -305,6 +308,8 @@ def footprint_layer(mr) -> tuple:
     leaf = chain[-1]
     if isinstance(leaf, (rmm.mr.CudaAsyncMemoryResource, rmm.mr.CudaAsyncViewMemoryResource)):
         return "cuda_async_pool", leaf
+    if isinstance(leaf, VmmPoolMemoryResource):
+        return "vmm_pool", leaf
     if len(chain) >= 2 and isinstance(chain[-2], rmm.mr.StatisticsResourceAdaptor):
         return "statistics", chain[-2]
     return "none", None
@@ -407,6 +412,9 @@ def replay(DeviceMemoryResource mr not None, trace, *, streams=None, uint64_t re
     out["footprint_source"] = source
     if source == "none":
         out["footprint_bytes"] = out["fragmentation"] = None
+    elif source == "vmm_pool":  # the pool's own high-water mark of pages
+        out["footprint_bytes"] = layer.stats["peak_physical_bytes"]
+        out["fragmentation"] = out["footprint_bytes"] / max(r.trace_peak_live_bytes, 1)
     return out
 
 

@@ -32,6 +32,10 @@ SPECS = {
     "tracking": ("tracking(pool(cuda), on_hazard=raise)", rmm_fences.HazardTrackingResourceAdaptor),
     "naive_cache": ("naive_cache(cuda)", None),
     "vmm_unmap": ("vmm_unmap(reserve_size=1GiB)", None),
+    "vmm_pool": (
+        "vmm_pool(initial_pool_size=64MiB, reserve_size=4GiB)",
+        rmm_fences.VmmPoolMemoryResource,
+    ),
 }
 
 

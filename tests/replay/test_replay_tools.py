@@ -43,6 +43,7 @@ def test_asv_replay_chains_measure_their_footprint_at_the_leaf():
     replay = asv_module("replay")
     assert replay.CHAINS == [
         "rmm_fences_pool",
+        "rmm_fences_vmm_pool",
         "rmm_pool",
         "cuda_async",
         "arena",
@@ -59,8 +60,9 @@ def test_asv_replay_chains_measure_their_footprint_at_the_leaf():
         tree = parse_spec(measured)
         while tree.inner is not None and tree.inner.inner is not None:
             tree = tree.inner
-        # the layer the replay reads: a statistics adaptor over the leaf, or a cuda_async leaf
-        assert tree.name == "statistics" or tree.name == "cuda_async", (name, measured)
+        # the layer the replay reads: a statistics adaptor over the leaf, or a cuda_async or
+        # vmm_pool leaf
+        assert tree.name in ("statistics", "cuda_async", "vmm_pool"), (name, measured)
 
 
 def test_asv_replay_skips_without_gpu_or_trace():

@@ -66,6 +66,7 @@ cdef extern from "rmm_fences/mr/stats.hpp" namespace "rmm_fences::mr" nogil:
         uint64_t peak_bytes
         uint64_t pool_bytes
         uint64_t physical_bytes
+        uint64_t peak_physical_bytes
         uint64_t same_stream_reuse
         uint64_t cross_stream_reuse
         uint64_t upstream_growths

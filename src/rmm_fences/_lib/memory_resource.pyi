@@ -62,6 +62,7 @@ class StreamOrderedPoolStats(TypedDict):
     peak_bytes: int
     pool_bytes: int
     physical_bytes: int
+    peak_physical_bytes: int
     same_stream_reuse: int
     cross_stream_reuse: int
     upstream_growths: int

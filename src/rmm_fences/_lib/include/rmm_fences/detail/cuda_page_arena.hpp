@@ -20,6 +20,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -94,6 +95,8 @@ class cuda_page_arena {
   { return mapped_.load(std::memory_order_relaxed) + spare_bytes(); }
   [[nodiscard]] std::size_t spare_bytes() const noexcept
   { return spare_count_.load(std::memory_order_relaxed) * page_; }
+  [[nodiscard]] std::size_t peak_physical_bytes() const noexcept
+  { return peak_.load(std::memory_order_relaxed); }
 
   /**
    * @brief Backs the pages `[p, p + n)` of the range (spare pages first) and makes them
@@ -117,6 +120,8 @@ class cuda_page_arena {
     }
     if (done == count && api_.set_access(device_ptr(p), n, &access_, 1) == CUDA_SUCCESS) {
       mapped_.fetch_add(n, std::memory_order_relaxed);
+      peak_.store(std::max(peak_.load(std::memory_order_relaxed), physical_bytes()),
+                  std::memory_order_relaxed);  // under the growth's lock: one writer
       return;
     }
     unmap_pages(first, done);
@@ -206,6 +211,7 @@ class cuda_page_arena {
   std::vector<CUmemGenericAllocationHandle> spare_;
   std::atomic<std::size_t> mapped_{};
   std::atomic<std::size_t> spare_count_{};
+  std::atomic<std::size_t> peak_{};
 };
 
 }  // namespace rmm_fences::mr::detail

@@ -358,7 +358,8 @@ class stream_ordered_pool_core {
     counters_.fill(s);
     s.same_stream_reuse += counters_.retired_hits.load(std::memory_order_relaxed);
     s.pool_bytes         = pool_size();
-    s.physical_bytes     = growth_.physical_bytes();
+    s.physical_bytes      = growth_.physical_bytes();
+    s.peak_physical_bytes = growth_.peak_physical_bytes();
     s.cross_stream_reuse = shared_.cross_stream_takes();
     s.fences             = fences_.records();
     s.stream_waits       = fences_.waits();

@@ -31,6 +31,7 @@ struct stream_ordered_pool_stats {
   /// Bytes of device memory held: `pool_bytes`, and over the device's pages the spare pages
   /// too (unmapped, kept for the next growth until `release`).
   std::uint64_t physical_bytes{};
+  std::uint64_t peak_physical_bytes{};  ///< the most `physical_bytes` held at once
   std::uint64_t same_stream_reuse{};   ///< allocations served from the stream's own frees
   std::uint64_t cross_stream_reuse{};  ///< allocations that waited on another stream's fence
   std::uint64_t upstream_growths{};    ///< chunks taken from the upstream

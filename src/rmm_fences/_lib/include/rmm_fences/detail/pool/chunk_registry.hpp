@@ -34,7 +34,7 @@ class chunk_registry {
       std::unique_lock<std::shared_mutex> lock(mutex_);
       chunks_.emplace(ptr, size);
     }
-    bytes_.fetch_add(size, std::memory_order_relaxed);
+    note_added(size);
   }
 
   /// Registers `[ptr, ptr + size)` as part of the chunk that ends at `ptr`, if any (a page
@@ -50,7 +50,7 @@ class chunk_registry {
         chunks_.emplace(ptr, size);
       }
     }
-    bytes_.fetch_add(size, std::memory_order_relaxed);
+    note_added(size);
   }
 
   /// Takes `[ptr, ptr + size)`, inside one chunk, out of it (pages a page arena unmapped): the
@@ -133,10 +133,22 @@ class chunk_registry {
   [[nodiscard]] std::size_t bytes() const noexcept
   { return bytes_.load(std::memory_order_relaxed); }
 
+  /// The most bytes held at once.
+  [[nodiscard]] std::size_t peak_bytes() const noexcept
+  { return peak_.load(std::memory_order_relaxed); }
+
  private:
+  void note_added(std::size_t size) noexcept
+  {
+    auto const now = bytes_.fetch_add(size, std::memory_order_relaxed) + size;
+    auto peak      = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {}
+  }
+
   mutable std::shared_mutex mutex_;
   std::map<char*, std::size_t> chunks_;
   std::atomic<std::size_t> bytes_{};
+  std::atomic<std::size_t> peak_{};
 };
 
 /// Lists each of `blocks` in `list` with `tag` (the caller guards `list`); a block that finds

@@ -95,6 +95,15 @@ class upstream_growth {
     return chunks_.bytes();
   }
 
+  /// The most bytes of memory held at once.
+  [[nodiscard]] std::size_t peak_physical_bytes() const noexcept
+  {
+    if constexpr (may_offer_arena<Upstream>) {
+      if (arena_) { return arena_->peak_physical_bytes(); }
+    }
+    return chunks_.peak_bytes();
+  }
+
   /// True when the upstream is a page arena.
   [[nodiscard]] bool over_arena() const noexcept { return arena_.has_value(); }
 

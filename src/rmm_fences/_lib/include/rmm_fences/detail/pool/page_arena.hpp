@@ -38,6 +38,7 @@ namespace rmm_fences::mr::detail::pool {
  *   std::size_t reserved() const noexcept;
  *   std::size_t physical_bytes() const noexcept;  // pages held: mapped and spare
  *   std::size_t spare_bytes() const noexcept;     // pages held, mapped nowhere
+ *   std::size_t peak_physical_bytes() const noexcept;  // the most pages held at once
  *   void map(char* p, std::size_t n);   // backs [p, p + n) (pages), spare pages first;
  *                                       // throws the platform's out_of_memory
  *   void unmap(char* p, std::size_t n) noexcept;  // at once: its pages become spare
@@ -50,6 +51,7 @@ concept page_arena = requires(A& a, A const& c, char* p, std::size_t n) {
   { c.reserved() } -> std::convertible_to<std::size_t>;
   { c.physical_bytes() } -> std::convertible_to<std::size_t>;
   { c.spare_bytes() } -> std::convertible_to<std::size_t>;
+  { c.peak_physical_bytes() } -> std::convertible_to<std::size_t>;
   a.map(p, n);
   a.unmap(p, n);
   a.trim();
@@ -145,8 +147,10 @@ class arena_growth {
     arena_.trim();
   }
 
-  /// Bytes of physical pages held (mapped and spare).
+  /// Bytes of physical pages held (mapped and spare), and the most held at once.
   [[nodiscard]] std::size_t physical_bytes() const noexcept { return arena_.physical_bytes(); }
+  [[nodiscard]] std::size_t peak_physical_bytes() const noexcept
+  { return arena_.peak_physical_bytes(); }
 
  private:
   [[nodiscard]] std::size_t remaining_reserve() const noexcept
