@@ -16,8 +16,9 @@ footprint, may differ). A census of the pool (``HostStreamOrderedPool.census``: 
 its chunks by place, owner stream, size class and chunk, summing to the pool's size) is taken
 before each growth, when the pool reaches its peak (after its last growth), at the log's live
 peak and at the end. The report, in markdown: a summary table over the logs (live peak, the
-pool at its peak and at the end, the ratio, the H200 replay's figures from ``--gpu-replay``),
-then per log the censuses, the free bytes by size class and by stream, the chunks, the growths
+pool at its peak and at the end, the ratio, the H200 replay's figures from ``--gpu-replay``,
+and the peak of the pool over a page arena of 2 MiB pages, VmmPoolMemoryResource's core,
+replayed on idle streams), then per log the censuses, the free bytes by size class and by stream, the chunks, the growths
 (what was free when the pool grew, and why no free block served the request) and the excess
 over the live peak split into its contributors.
 """
@@ -87,6 +88,7 @@ class Breakdown:
     requested: dict[str, int]
     growths: list[Growth]
     chunk_order: dict[int, int]  # chunk address -> the index of the growth that made it
+    arena_peak: int = 0  # the most bytes of pages the pool over 2 MiB pages held (arena_peak)
 
     @property
     def excess(self) -> int:
@@ -133,6 +135,24 @@ def live_peak_event(trace) -> int:
         if live > peak:
             peak, at = live, i
     return at
+
+
+def arena_peak(trace) -> int:
+    """The most bytes of pages the pool over a page arena of 2 MiB pages (VmmPoolMemoryResource's
+    core) held replaying ``trace`` in recorded order on idle streams (every fence complete at
+    once, as on the GPU, where the replay runs no kernel)."""
+    pool = HostStreamOrderedPool(arena_page_size=2 * MIB)
+    pool.set_idle()
+    ptrs = {}
+    events = zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream)
+    for action, ident, size, stream in events:
+        if action == ALLOCATE:
+            ptrs[ident] = pool.allocate(size, stream=STREAM_BASE + int(stream))
+        else:
+            pool.deallocate(ptrs.pop(ident), size, stream=STREAM_BASE + int(stream))
+    if pool.violations:
+        raise RuntimeError(f"the oracle saw {pool.violations}")
+    return pool.arena["peak_physical_bytes"]
 
 
 def replay(name: str, traces: pathlib.Path = TRACES) -> Breakdown:
@@ -183,6 +203,7 @@ def replay(name: str, traces: pathlib.Path = TRACES) -> Breakdown:
         requested=requested,
         growths=growths,
         chunk_order=chunk_order,
+        arena_peak=arena_peak(trace),
     )
 
 
@@ -259,6 +280,7 @@ def summary(breakdowns: list[Breakdown], gpu: dict) -> list[str]:
         "H200 pool MiB (÷ live peak)",
         "host − H200 MiB",
         "H200 CudaAsync MiB (÷ live peak)",
+        "vmm_pool peak MiB (÷ live peak)",
         "most of the excess",
     ]
     rows = []
@@ -274,6 +296,7 @@ def summary(breakdowns: list[Breakdown], gpu: dict) -> list[str]:
                 "-" if pool is None else f"{pool:.1f} ({ratio(pool * MIB, b.live_peak)})",
                 "-" if pool is None else f"{b.pool_end / MIB - pool:+.1f}",
                 "-" if cuda is None else f"{cuda:.1f} ({ratio(cuda * MIB, b.live_peak)})",
+                f"{mib(b.arena_peak)} ({ratio(b.arena_peak, b.live_peak)})",
                 main_contributor(b),
             ]
         )
