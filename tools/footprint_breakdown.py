@@ -18,9 +18,9 @@ before each growth, when the pool reaches its peak (after its last growth), at t
 peak and at the end. The report, in markdown: a summary table over the logs (live peak, the
 pool at its peak and at the end, the ratio, the H200 replay's figures from ``--gpu-replay``,
 and the peak of the pool over a page arena of 2 MiB pages, VmmPoolMemoryResource's core,
-replayed on idle streams), then per log the censuses, the free bytes by size class and by stream, the chunks, the growths
-(what was free when the pool grew, and why no free block served the request) and the excess
-over the live peak split into its contributors.
+replayed on idle streams), then per log the censuses, the free bytes by size class and by
+stream, the chunks, the growths (what was free when the pool grew, and why no free block
+served the request) and the excess over the live peak split into its contributors.
 """
 
 from __future__ import annotations
