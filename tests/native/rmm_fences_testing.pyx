@@ -540,9 +540,10 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         size_t peak_physical_bytes()
         uint64_t maps()
         uint64_t unmaps()
+        size_t address_high_mark()
 
     cdef cppclass host_pool:
-        host_pool(size_t, optional[size_t], size_t, optional[size_t], size_t) except +
+        host_pool(size_t, optional[size_t], size_t, optional[size_t], size_t, size_t) except +
         host_page_arena* arena()
         void* allocate(uint64_t, size_t, size_t) except +
         void* allocate_cached_first(uint64_t, size_t, size_t) except +
@@ -756,7 +757,7 @@ cdef class HostStreamOrderedPool:
 
     def __cinit__(self, size_t initial_pool_size=0, maximum_pool_size=None,
                   size_t upstream_limit=1 << 40, maximum_growth_size=None,
-                  size_t arena_page_size=0):
+                  size_t arena_page_size=0, size_t arena_reserve_size=0):
         cdef optional[size_t] cap
         cdef optional[size_t] growth
         if maximum_pool_size is not None:
@@ -764,7 +765,8 @@ cdef class HostStreamOrderedPool:
         if maximum_growth_size is not None:
             growth = <size_t>maximum_growth_size
         self.c_obj.reset(
-            new host_pool(initial_pool_size, cap, upstream_limit, growth, arena_page_size)
+            new host_pool(initial_pool_size, cap, upstream_limit, growth, arena_page_size,
+                          arena_reserve_size)
         )
         self._next_capture_id = 1
 
@@ -964,14 +966,15 @@ cdef class HostStreamOrderedPool:
     def arena(self) -> dict | None:
         """The page arena's pages (``arena_page_size`` given), else None: ``page_size``,
         ``physical_bytes`` (mapped and spare), ``spare_bytes``, ``mapped_bytes``,
-        ``peak_physical_bytes``, ``maps``, ``unmaps``."""
+        ``peak_physical_bytes``, ``maps``, ``unmaps``, ``address_high_mark`` (the end of the
+        highest page mapped so far, from the start of the reserve: address space used)."""
         cdef host_page_arena* a = deref(self.c_obj).arena()
         if a == NULL:
             return None
         return {"page_size": a.page_size(), "physical_bytes": a.physical_bytes(),
                 "spare_bytes": a.spare_bytes(), "mapped_bytes": a.mapped_bytes(),
                 "peak_physical_bytes": a.peak_physical_bytes(), "maps": a.maps(),
-                "unmaps": a.unmaps()}
+                "unmaps": a.unmaps(), "address_high_mark": a.address_high_mark()}
 
     def census(self) -> dict:
         """Where the pool's bytes are now, by place (``POOL_CENSUS_PLACES``), owner stream,

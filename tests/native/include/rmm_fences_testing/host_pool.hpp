@@ -561,6 +561,8 @@ class host_page_arena {
   [[nodiscard]] std::size_t mapped_bytes() const noexcept { return mapped_; }
   [[nodiscard]] std::size_t peak_physical_bytes() const noexcept { return peak_; }
   [[nodiscard]] std::uint64_t maps() const noexcept { return maps_; }
+  /// The end of the highest page mapped so far, from the start of the reserve.
+  [[nodiscard]] std::size_t address_high_mark() const noexcept { return high_mark_; }
   [[nodiscard]] std::uint64_t unmaps() const noexcept { return unmaps_; }
 
   void map(char* p, std::size_t n)
@@ -599,7 +601,8 @@ class host_page_arena {
     mapped_ranges_[lo] = hi;
     spare_ -= n - fresh;
     mapped_ += n;
-    peak_ = std::max(peak_, mapped_ + spare_);
+    peak_      = std::max(peak_, mapped_ + spare_);
+    high_mark_ = std::max(high_mark_, static_cast<std::size_t>(p + n - base_));
     ++maps_;
     log_->upstream_calls.emplace_back(true, a, n, 0, log_->now());
   }
@@ -644,6 +647,7 @@ class host_page_arena {
   std::size_t peak_{};
   std::uint64_t maps_{};
   std::uint64_t unmaps_{};
+  std::size_t high_mark_{};
   std::map<std::uintptr_t, std::uintptr_t> mapped_ranges_;  // start -> end
 };
 
@@ -655,11 +659,12 @@ class host_chunk_upstream {
   host_chunk_upstream(std::size_t limit,
                       std::shared_ptr<pool_log> log,
                       std::size_t arena_page    = 0,
-                      std::size_t arena_reserve = std::size_t{1} << 40)
+                      std::size_t arena_reserve = 0)
     : limit_{limit}, log_{std::move(log)}, mutex_{std::make_unique<std::mutex>()}
   {
     if (arena_page != 0) {
-      arena_ = std::make_unique<host_page_arena>(arena_page, arena_reserve, limit, log_);
+      auto const reserve = arena_reserve != 0 ? arena_reserve : std::size_t{1} << 40;
+      arena_             = std::make_unique<host_page_arena>(arena_page, reserve, limit, log_);
     }
   }
 
@@ -752,9 +757,10 @@ class host_pool {
             std::optional<std::size_t> maximum,
             std::size_t upstream_limit,
             std::optional<std::size_t> maximum_growth = std::nullopt,
-            std::size_t arena_page                    = 0)
+            std::size_t arena_page                    = 0,
+            std::size_t arena_reserve                 = 0)
     : log_{std::make_shared<pool_log>()},
-      core_{host_chunk_upstream{upstream_limit, log_, arena_page},
+      core_{host_chunk_upstream{upstream_limit, log_, arena_page, arena_reserve},
             initial,
             maximum,
             maximum_growth,

@@ -138,6 +138,13 @@ class free_list {
     return {};
   }
 
+  /// The size of the listed block that starts at `ptr` (0: none).
+  [[nodiscard]] std::size_t size_of_block_at(char* ptr) const
+  {
+    auto it = by_addr_.find(ptr);
+    return it == by_addr_.end() ? 0 : it->second.size;
+  }
+
   /// The listed block that ends at `end`: (start, size), or (nullptr, 0).
   [[nodiscard]] std::pair<char*, std::size_t> block_ending_at(char* end) const
   {

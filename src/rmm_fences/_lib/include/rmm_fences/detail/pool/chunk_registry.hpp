@@ -37,17 +37,23 @@ class chunk_registry {
     note_added(size);
   }
 
-  /// Registers `[ptr, ptr + size)` as part of the chunk that ends at `ptr`, if any (a page
-  /// arena's contiguous growth: free blocks then merge across the boundary).
+  /// Registers `[ptr, ptr + size)` as one chunk with the chunks that end at `ptr` and start
+  /// at its end, if any (a page arena's growth: free blocks then merge across the boundaries).
   void add_merging(char* ptr, std::size_t size)
   {
     {
       std::unique_lock<std::shared_mutex> lock(mutex_);
+      auto start  = ptr;
+      auto length = size;
+      if (auto next = chunks_.find(ptr + size); next != chunks_.end()) {
+        length += next->second;
+        chunks_.erase(next);
+      }
       auto it = chunks_.lower_bound(ptr);
       if (it != chunks_.begin() && std::prev(it)->first + std::prev(it)->second == ptr) {
-        std::prev(it)->second += size;
+        std::prev(it)->second += length;
       } else {
-        chunks_.emplace(ptr, size);
+        chunks_.emplace(start, length);
       }
     }
     note_added(size);

@@ -2,13 +2,14 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * Stream-ordered pool, part: growth over a page arena, an upstream that backs one reserved
- * virtual address range with physical pages on demand. The pool's memory is then one range
- * that grows at its top: a growth maps only what the free block at the top lacks, and free
- * blocks merge across growths. When the pool would hold more than `arena_slack_divisor`-th
- * over the most bytes it had in use, a growth first unmaps whole pages of free blocks whose
- * fences a query finds complete (their work is done, not only ordered: an unmap takes effect
- * at once) and the arena backs the new range with those pages. Mapped and unmapped ranges
- * change only under the growth's lock; no CUDA call here (the arena makes them).
+ * virtual address range with physical pages on demand. A growth maps only what the free
+ * blocks around the place it maps lack, and free blocks merge across growths. When the pool
+ * would hold more than `arena_slack_divisor`-th over the most bytes it had in use, a growth
+ * first unmaps whole pages of free blocks whose fences a query finds complete (their work is
+ * done, not only ordered: an unmap takes effect at once) and the arena backs the new range
+ * with those pages. Unmapped ranges below the top (holes) are where growths map first, so
+ * the address space used stops growing. Mapped and unmapped ranges change only under the
+ * growth's lock; no CUDA call here (the arena makes them).
  */
 #pragma once
 
@@ -21,9 +22,11 @@
 #include <rmm_fences/detail/pool/shared_list.hpp>
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -98,27 +101,32 @@ class arena_growth {
   }
 
   /**
-   * @brief Maps what `req` lacks at the top (unmapping complete free pages first when over the
-   * budget) and takes a block for it from the shared list; nullptr when the arena, its reserve
-   * or `maximum_pool_size` leaves no room.
+   * @brief Maps what `req` lacks (unmapping complete free pages first when over the budget)
+   * where it takes the fewest new pages: in a range unmapped pages left (a hole), after the
+   * free block that ends there, or at the top, after the free block that ends there; then
+   * takes a block for it from the shared list. nullptr when the arena, its reserve or
+   * `maximum_pool_size` leaves no room.
    */
   void* grow_locked(request const& req)
   {
-    auto const page      = arena_.page_size();
     bool const capturing = platform_.is_capturing(req.stream);
-    auto const below = capturing ? std::pair<char*, std::size_t>{} : shared_.block_ending_at(top_);
-    auto const need  = req.need();
-    auto const n     = round_to_page(need - std::min(need, below.second), page);
-    if (n > remaining_reserve()) { return nullptr; }
-    unmap_over_budget(n, need, below.first);
-    if (!fits_bounds(n)) { return nullptr; }
+    auto spot            = where_to_map(req.need(), capturing);
+    if (spot.at == nullptr) { return nullptr; }
+    // An unmap makes holes, which may join the chosen one or lower the top: choose again.
+    if (unmap_over_budget(spot.bytes, req.need(), {spot.below, spot.above}) > 0) {
+      spot = where_to_map(req.need(), capturing);
+      if (spot.at == nullptr) { return nullptr; }
+    }
+    if (!fits_bounds(spot.bytes)) { return nullptr; }
     try {
-      map_top(n, /*merge=*/!capturing);
+      map_at(spot.at, spot.bytes, /*merge=*/!capturing);
     } catch (typename Platform::out_of_memory const&) {
       // Out of device memory: complete free pages elsewhere back the range, or nothing does.
-      if (unmap_complete_pages(n, below.first) == 0) { return nullptr; }
+      if (unmap_complete_pages(spot.bytes, {spot.below, spot.above}) == 0) { return nullptr; }
+      spot = where_to_map(req.need(), capturing);
+      if (spot.at == nullptr) { return nullptr; }
       try {
-        map_top(n, !capturing);
+        map_at(spot.at, spot.bytes, !capturing);
       } catch (typename Platform::out_of_memory const&) {
         return nullptr;
       }
@@ -133,7 +141,7 @@ class arena_growth {
   std::size_t release()
   {
     auto const before = arena_.physical_bytes();
-    unmap_complete_pages(SIZE_MAX, nullptr);
+    unmap_complete_pages(SIZE_MAX, {});
     arena_.trim();
     return before - arena_.physical_bytes();
   }
@@ -165,20 +173,21 @@ class arena_growth {
   }
 
   /// Before mapping `n` bytes for a request of `need`: unmaps complete free pages (never of
-  /// the block at `keep`) so that the pages held stay within `arena_budget`.
-  void unmap_over_budget(std::size_t n, std::size_t need, char* keep)
+  /// the blocks at `keep`) so that the pages held stay within `arena_budget`; the bytes
+  /// unmapped.
+  std::size_t unmap_over_budget(std::size_t n, std::size_t need, std::array<char*, 2> keep)
   {
     auto const fresh = n - std::min(n, arena_.spare_bytes());
     auto const after = arena_.physical_bytes() + fresh;
     auto const in_use =
       static_cast<std::size_t>(std::max<std::int64_t>(counters_.current_bytes.load(), 0)) + need;
     auto const budget = arena_budget(counters_.peak_bytes.load(), in_use);
-    if (after > budget) { unmap_complete_pages(after - budget, keep); }
+    return after > budget ? unmap_complete_pages(after - budget, keep) : 0;
   }
 
-  /// Unmaps up to `want` bytes (whole pages, largest free blocks first, never the block at
+  /// Unmaps up to `want` bytes (whole pages, largest free blocks first, never the blocks at
   /// `keep`) of free blocks whose fences a query finds complete; the bytes unmapped.
-  std::size_t unmap_complete_pages(std::size_t want, char* keep)
+  std::size_t unmap_complete_pages(std::size_t want, std::array<char*, 2> keep)
   {
     shared_.drop_complete_needs();
     auto const cut                = shared_.take_idle_pages(arena_.page_size(), want, keep);
@@ -186,20 +195,58 @@ class arena_growth {
     [[maybe_unused]] auto relaxed = platform_.relax();
     for (auto const& [ptr, size] : cut) {
       arena_.unmap(ptr, size);
+      add_hole(ptr, size);
       unmapped += size;
     }
     return unmapped;
   }
 
-  /// Maps `n` bytes at the top, registers them (merged with the range below when `merge`) and
-  /// lists them untagged.
-  void map_top(std::size_t n, bool merge)
+  /// Where a growth for `need` bytes maps: `bytes` at `at`, between the free blocks at
+  /// `below` and `above` that it joins (or none); `at` null when the reserve has no room.
+  struct spot {
+    char* at{};
+    std::size_t bytes{};
+    char* below{};
+    char* above{};
+  };
+
+  /// The spot that maps the fewest new pages for `need` (the lowest, among equals): each hole,
+  /// then the top. A captured stream's growth merges with no free block (it could wait on
+  /// none of their fences): only whole holes or the top.
+  [[nodiscard]] spot where_to_map(std::size_t need, bool capturing)
+  {
+    auto const page = arena_.page_size();
+    auto const at   = [&](char* start, std::size_t room, bool hole) {
+      if (capturing) {
+        return need <= room ? spot{start, round_to_page(need, page), nullptr, nullptr} : spot{};
+      }
+      auto const below = shared_.block_ending_at(start);
+      auto const bytes = round_to_page(need - std::min(need, below.second), page);
+      if (bytes <= room) { return spot{start, bytes, below.first, nullptr}; }
+      // The whole hole, which joins the free blocks on both sides of it.
+      if (hole && below.second + room + shared_.size_of_block_at(start + room) >= need) {
+        return spot{start, room, below.first, start + room};
+      }
+      return spot{};
+    };
+    for (auto const& [start, size] : holes_) {
+      if (auto const s = at(start, size, true); s.at != nullptr) { return s; }
+    }
+    return at(top_, remaining_reserve(), false);
+  }
+
+  /// Maps `n` bytes at `ptr` (a hole's start or the top), registers them (merged with the
+  /// chunks around when `merge`) and lists them untagged.
+  void map_at(char* ptr, std::size_t n, bool merge)
   {
     if (n == 0) { return; }
     [[maybe_unused]] auto relaxed = platform_.relax();
-    arena_.map(top_, n);
-    char* const ptr = top_;
-    top_ += n;
+    arena_.map(ptr, n);
+    if (ptr == top_) {
+      top_ += n;
+    } else {
+      fill_hole(ptr, n);
+    }
     if (merge) {
       chunks_.add_merging(ptr, n);
     } else {
@@ -208,13 +255,47 @@ class arena_growth {
     shared_.insert(ptr, n, tag_type{});
   }
 
+  /// Maps `n` bytes at the top (the initial pages).
+  void map_top(std::size_t n, bool merge) { map_at(top_, n, merge); }
+
+  /// Notes `[ptr, ptr + n)` unmapped: a hole, merged with the holes around it; a hole that
+  /// reaches the top lowers the top instead.
+  void add_hole(char* ptr, std::size_t n)
+  {
+    if (auto next = holes_.find(ptr + n); next != holes_.end()) {
+      n += next->second;
+      holes_.erase(next);
+    }
+    if (auto it = holes_.lower_bound(ptr);
+        it != holes_.begin() && std::prev(it)->first + std::prev(it)->second == ptr) {
+      ptr = std::prev(it)->first;
+      n += std::prev(it)->second;
+      holes_.erase(std::prev(it));
+    }
+    if (ptr + n == top_) {
+      top_ = ptr;
+      return;
+    }
+    holes_.emplace(ptr, n);
+  }
+
+  /// Takes `[ptr, ptr + n)`, mapped again, from the front of the hole that starts at `ptr`.
+  void fill_hole(char* ptr, std::size_t n)
+  {
+    auto it         = holes_.find(ptr);
+    auto const size = it->second;
+    holes_.erase(it);
+    if (size > n) { holes_.emplace(ptr + n, size - n); }
+  }
+
   Arena& arena_;
   std::optional<std::size_t> const maximum_pool_size_;
   Platform& platform_;
   chunk_registry& chunks_;
   shared_list<Platform>& shared_;
   pool_counters& counters_;
-  char* top_;  // the end of the mapped range: the next growth maps here
+  char* top_;  // the end of the range mapped so far: a growth past the holes maps here
+  std::map<char*, std::size_t> holes_;  // ranges below the top unmapped again: start -> bytes
 };
 
 }  // namespace rmm_fences::mr::detail::pool

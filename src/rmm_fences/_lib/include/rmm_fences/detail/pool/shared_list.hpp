@@ -136,6 +136,13 @@ class shared_list {
     }
   }
 
+  /// The size of the block that starts at `ptr` (0: none).
+  [[nodiscard]] std::size_t size_of_block_at(char* ptr)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return list_.size_of_block_at(ptr);
+  }
+
   /// The block that ends at `end`: (start, size), or (nullptr, 0).
   [[nodiscard]] std::pair<char*, std::size_t> block_ending_at(char* end)
   {
@@ -145,18 +152,18 @@ class shared_list {
 
   /**
    * @brief Takes up to `want` bytes of whole pages out of blocks that no fence guards (never
-   * of the block that starts at `keep`), largest blocks first, and out of the chunk registry;
+   * of the blocks that start at `keep`), largest blocks first, and out of the chunk registry;
    * the rest of each block stays listed. The ranges taken.
    */
   std::vector<std::pair<char*, std::size_t>> take_idle_pages(std::size_t page,
                                                              std::size_t want,
-                                                             char* keep)
+                                                             std::array<char*, 2> keep)
   {
     std::vector<std::pair<char*, std::size_t>> taken;
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<std::pair<std::size_t, char*>> idle;  // (size, start), largest first
     list_.for_each([&](char* p, std::size_t n, tag_type& tag) {
-      if (p != keep && tag.needs.empty() && inner_pages(p, n, page).second > 0) {
+      if (p != keep[0] && p != keep[1] && tag.needs.empty() && inner_pages(p, n, page).second > 0) {
         idle.emplace_back(n, p);
       }
     });
