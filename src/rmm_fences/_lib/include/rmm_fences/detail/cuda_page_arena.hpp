@@ -44,22 +44,12 @@ class cuda_page_arena {
    * rmm::out_of_memory when the reservation fails
    */
   cuda_page_arena(rmm::cuda_device_id device, std::optional<std::size_t> reserve_size)
-    : api_{vmm_api::get()}, device_{device}
+    : api_{vmm_api::for_device(device.value(), prop_, page_)}, device_{device}
   {
-    if (!api_.complete()) {
-      throw std::runtime_error("the CUDA driver does not provide the virtual memory API");
-    }
     rmm::cuda_set_device_raii guard{device_};
-    prop_.type          = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop_.location.id   = device_.value();
-    access_.location    = prop_.location;
-    access_.flags       = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (api_.granularity(&page_, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
-        page_ == 0) {
-      throw std::runtime_error("cuMemGetAllocationGranularity failed");
-    }
-    reserved_ = round_up(reserve_size.value_or(default_reserve()));
+    access_.location = prop_.location;
+    access_.flags    = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    reserved_        = round_up(reserve_size.value_or(default_reserve()));
     CUdeviceptr base{};
     if (api_.address_reserve(&base, reserved_, page_, 0, 0) != CUDA_SUCCESS) {
       throw rmm::out_of_memory("vmm_pool: cuMemAddressReserve of " + std::to_string(reserved_) +
@@ -200,11 +190,12 @@ class cuda_page_arena {
     }
   }
 
+  // Before `api_`, whose initialization fills them (`vmm_api::for_device`).
+  CUmemAllocationProp prop_{};
+  std::size_t page_{};
   vmm_api const& api_;
   rmm::cuda_device_id device_;
-  CUmemAllocationProp prop_{};
   CUmemAccessDesc access_{};
-  std::size_t page_{};
   std::size_t reserved_{};
   char* base_{};
   std::vector<CUmemGenericAllocationHandle> handles_;  // page index -> its mapping (0: none)

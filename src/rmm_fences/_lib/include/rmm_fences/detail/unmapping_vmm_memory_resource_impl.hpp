@@ -36,19 +36,9 @@ namespace rmm_fences::mr::detail {
 class unmapping_vmm_memory_resource_impl {
  public:
   unmapping_vmm_memory_resource_impl(std::size_t reserve_size, rmm::cuda_device_id device)
-    : api_{rmm_fences::mr::detail::vmm_api::get()}, device_{device}
+    : api_{vmm_api::for_device(device.value(), prop_, granularity_)}, device_{device}
   {
-    if (!api_.complete()) {
-      throw std::runtime_error("the CUDA driver does not provide the virtual memory API");
-    }
     rmm::cuda_set_device_raii guard{device_};
-    prop_.type          = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop_.location.id   = device_.value();
-    if (api_.granularity(&granularity_, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
-        granularity_ == 0) {
-      throw std::runtime_error("cuMemGetAllocationGranularity failed");
-    }
     reserved_ = round_up(reserve_size);
     if (api_.address_reserve(&base_, reserved_, granularity_, 0, 0) != CUDA_SUCCESS) {
       throw rmm::out_of_memory("vmm_unmap: cuMemAddressReserve of " + std::to_string(reserved_) +
@@ -196,10 +186,11 @@ class unmapping_vmm_memory_resource_impl {
     free_.emplace(ptr, size);
   }
 
-  rmm_fences::mr::detail::vmm_api const& api_;
-  rmm::cuda_device_id device_;
+  // Before `api_`, whose initialization fills them (`vmm_api::for_device`).
   CUmemAllocationProp prop_{};
   std::size_t granularity_{};
+  rmm_fences::mr::detail::vmm_api const& api_;
+  rmm::cuda_device_id device_;
   std::size_t reserved_{};
   CUdeviceptr base_{};
   mutable std::mutex mutex_;

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <stdexcept>
 
 namespace rmm_fences::mr::detail {
 
@@ -40,6 +41,25 @@ struct vmm_api {
   static vmm_api const& get() noexcept
   {
     static vmm_api const api = load();
+    return api;
+  }
+
+  /// The driver's API, when complete (std::runtime_error otherwise), with the properties of
+  /// pinned memory on `device` and its minimum allocation granularity (the page size).
+  static vmm_api const& for_device(int device, CUmemAllocationProp& prop, std::size_t& page)
+  {
+    auto const& api = get();
+    if (!api.complete()) {
+      throw std::runtime_error("the CUDA driver does not provide the virtual memory API");
+    }
+    prop               = CUmemAllocationProp{};
+    prop.type          = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id   = device;
+    if (api.granularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+        page == 0) {
+      throw std::runtime_error("cuMemGetAllocationGranularity failed");
+    }
     return api;
   }
 
