@@ -6,6 +6,9 @@ loses the CUDA context for good):
                                                           kernel still reads freed pages
     python -P tests/helpers/vmm_pool_child.py threads     8 threads x 8 streams of real kernels,
                                                           growths unmapping pages all along
+    python -P tests/helpers/vmm_pool_child.py graph_outlives_pool POOL
+                                                          a graph launched after its pool
+                                                          (POOL: vmm_pool or pool) is destroyed
 
 The last line printed is a JSON object (the scenario's findings, ``error``: the CUDA error or
 null); the exit code is 0 when nothing faulted and every check held, else 1.
@@ -116,8 +119,54 @@ def threads() -> dict:
     }
 
 
+def graph_outlives_pool(kind: str) -> dict:
+    """A captured stream allocates 4 MiB from the pool, fills and checks it with kernels and
+    frees it (the block is the graph's); the graph is launched, the pool destroyed, 64 MiB of
+    random data put in device memory by CuPy, and the graph launched twice more: the block's
+    memory must stay the graph's (no fault, no overwritten data)."""
+    import gc
+
+    import cupy
+    import numpy as np
+    import rmm
+
+    from rmm_fences import StreamOrderedPoolMemoryResource, VmmPoolMemoryResource, _scenarios
+
+    pool = (
+        VmmPoolMemoryResource()
+        if kind == "vmm_pool"
+        else StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource())
+    )
+    s = cupy.cuda.Stream(non_blocking=True)
+    r = rmm.pylibrmm.stream.Stream(s)
+    errors = cupy.zeros(1, dtype=cupy.uint64)
+    count = 4 * MIB // 4
+    s.begin_capture()
+    a = pool.allocate(4 * MIB, r)
+    _scenarios.fill(a, count, 21, s)
+    _scenarios.check(a, count, 21, errors, s)
+    pool.deallocate(a, 4 * MIB, r)
+    graph = s.end_capture()
+    graph.launch(stream=s)
+    s.synchronize()
+    del pool
+    gc.collect()
+    host = np.random.default_rng(11).standard_normal(16 * MIB, dtype=np.float32)
+    victim = cupy.asarray(host)
+    graph.launch(stream=s)
+    graph.launch(stream=s)
+    s.synchronize()
+    errors_seen = int(errors.get()[0])
+    victim_ok = bool(np.array_equal(victim.get(), host))
+    return {"errors": errors_seen, "victim_ok": victim_ok, "ok": errors_seen == 0 and victim_ok}
+
+
 def main(argv: list[str]) -> int:
-    scenarios = {"in_flight": in_flight, "threads": threads}
+    scenarios = {
+        "in_flight": in_flight,
+        "threads": threads,
+        "graph_outlives_pool": lambda: graph_outlives_pool(argv[1] if len(argv) > 1 else ""),
+    }
     if argv[:1] not in ([k] for k in scenarios):
         print(__doc__, file=sys.stderr)
         return 2

@@ -24,9 +24,9 @@ def rs(s):
     return rmm.pylibrmm.stream.Stream(s)
 
 
-def child(scenario, timeout=600):
+def child(*args, timeout=600):
     res = subprocess.run(
-        [sys.executable, "-P", str(VMM_POOL_CHILD), scenario],
+        [sys.executable, "-P", str(VMM_POOL_CHILD), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -59,6 +59,19 @@ def test_threads_and_streams_with_real_kernels_while_pages_are_recycled():
     assert report["error"] is None and report["failures"] == [], res.stderr
     assert report["errors"] == 0
     assert report["stats"]["current_bytes"] == 0
+    assert res.returncode == 0
+
+
+@pytest.mark.parametrize("pool", ["vmm_pool", "pool"])
+def test_a_graph_outlives_its_pool(pool):
+    """A block freed during a capture stays the graph's after the pool is destroyed: the pool
+    leaves its chunk (its pages, mapped) for the graph's later launches, which neither fault
+    nor overwrite memory handed out since."""
+    res, report = child("graph_outlives_pool", pool)
+    print(f"\n{pool}: graph launched after the pool went: exit {res.returncode}, {report}")
+    assert report is not None, res.stdout + res.stderr
+    assert report["error"] is None, res.stderr
+    assert report["errors"] == 0 and report["victim_ok"]
     assert res.returncode == 0
 
 

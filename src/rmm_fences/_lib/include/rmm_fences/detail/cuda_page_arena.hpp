@@ -62,20 +62,18 @@ class cuda_page_arena {
   cuda_page_arena(cuda_page_arena const&)            = delete;
   cuda_page_arena& operator=(cuda_page_arena const&) = delete;
 
-  /// Unmaps and releases every page and gives the range back (no CUDA call at process exit).
+  /// Frees the spare pages and gives the range back once no page is mapped. Pages the pool
+  /// left mapped (those of a graph that may still replay: the pool forgets them at
+  /// shutdown) stay mapped, with the range, for the graph's later launches. No CUDA call at
+  /// process exit.
   ~cuda_page_arena()
   {
     if (rmm::process_is_exiting()) { return; }
     rmm::cuda_set_device_raii guard{device_};
-    for (std::size_t k = 0; k < handles_.size(); ++k) {
-      if (handles_[k] != 0) {
-        (void)api_.unmap(device_ptr(address(k)), page_);
-        (void)api_.release(handles_[k]);
-      }
-    }
     trim();
-    (void)api_.address_free(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(base_)),
-                            reserved_);
+    if (mapped_.load(std::memory_order_relaxed) == 0) {
+      (void)api_.address_free(device_ptr(base_), reserved_);
+    }
   }
 
   [[nodiscard]] std::size_t page_size() const noexcept { return page_; }
