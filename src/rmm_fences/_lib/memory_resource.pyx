@@ -543,8 +543,9 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
 
     @property
     def stats(self) -> dict:
-        """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``physical_bytes`` (the
-        same here), ``same_stream_reuse``,
+        """Counters: ``current_bytes``, ``peak_bytes``, ``pool_bytes``, ``physical_bytes`` and
+        ``peak_physical_bytes`` (device memory held now and at most: ``pool_bytes`` here),
+        ``same_stream_reuse``,
         ``cross_stream_reuse``, ``upstream_growths``, ``fences``, ``stream_waits``,
         ``reclaim_syncs`` (calls of :meth:`synchronize_and_reclaim` that synchronized),
         ``retired_streams``, ``rejected_frees``, ``stream_slots`` (slots held now: one per

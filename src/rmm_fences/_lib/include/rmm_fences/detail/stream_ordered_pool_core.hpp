@@ -328,6 +328,9 @@ class stream_ordered_pool_core {
   /// Bytes held from the upstream.
   [[nodiscard]] std::size_t pool_size() const noexcept { return chunks_.bytes(); }
 
+  /// Bytes of memory held: `pool_size()`, or over a page arena its pages, mapped and spare.
+  [[nodiscard]] std::size_t physical_bytes() const noexcept { return growth_.physical_bytes(); }
+
   [[nodiscard]] std::optional<std::size_t> maximum_pool_size() const noexcept
   { return growth_.bounds().maximum_pool_size; }
 
@@ -358,7 +361,7 @@ class stream_ordered_pool_core {
     counters_.fill(s);
     s.same_stream_reuse += counters_.retired_hits.load(std::memory_order_relaxed);
     s.pool_bytes          = pool_size();
-    s.physical_bytes      = growth_.physical_bytes();
+    s.physical_bytes      = physical_bytes();
     s.peak_physical_bytes = growth_.peak_physical_bytes();
     s.cross_stream_reuse  = shared_.cross_stream_takes();
     s.fences              = fences_.records();

@@ -224,11 +224,7 @@ class stream_ordered_pool_memory_resource_impl {
 
   /// Bytes of device pages held (mapped and spare) by a pool over the device's pages; else
   /// `pool_size()`.
-  [[nodiscard]] std::size_t physical_bytes() const noexcept
-  {
-    auto const* arena = core_.upstream().arena();
-    return arena != nullptr ? arena->physical_bytes() : core_.pool_size();
-  }
+  [[nodiscard]] std::size_t physical_bytes() const noexcept { return core_.physical_bytes(); }
 
   friend void get_property(stream_ordered_pool_memory_resource_impl const&,
                            cuda::mr::device_accessible) noexcept

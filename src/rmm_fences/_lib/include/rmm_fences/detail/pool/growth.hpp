@@ -104,9 +104,6 @@ class upstream_growth {
     return chunks_.peak_bytes();
   }
 
-  /// True when the upstream is a page arena.
-  [[nodiscard]] bool over_arena() const noexcept { return arena_.has_value(); }
-
   /// The initial chunk: on the pool's own stream, synchronized, so it is free of any earlier
   /// work and listed untagged.
   void grow_initial(std::size_t bytes)

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <rmm_fences/detail/free_list.hpp>
+#include <rmm_fences/detail/pool/blocks.hpp>
 #include <rmm_fences/detail/pool/chunk_registry.hpp>
 #include <rmm_fences/detail/pool/counters.hpp>
 #include <rmm_fences/detail/pool/fence.hpp>
@@ -26,7 +27,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -64,11 +64,11 @@ concept page_arena = requires(A& a, A const& c, char* p, std::size_t n) {
  * @brief Growth of a pool over the page arena `Arena` (the growth's lock held by callers of
  * `grow_locked`, `grow_initial` and `release`).
  *
- * A growth maps at the top of the mapped range, after the free block that ends there (if
- * any), the pages the request lacks; the new bytes hold no earlier work (fresh or unmapped
- * once complete) and are listed untagged, merging with that block. A growth for a captured
- * stream leaves that block alone (its fences could not be waited on) and starts a chunk of
- * its own, which never merges below.
+ * A growth maps, in the lowest hole that holds it with the free blocks on both sides, else at
+ * the top after the free block that ends there, the pages the request lacks; the new bytes
+ * hold no earlier work (fresh, or unmapped once complete) and are listed untagged, merging
+ * with those blocks. A growth for a captured stream merges with no block (it could wait on
+ * none of their fences): it maps the whole request and starts a chunk of its own.
  */
 template <typename Platform, page_arena Arena>
 class arena_growth {
@@ -97,15 +97,13 @@ class arena_growth {
   {
     auto const n = round_to_page(bytes, arena_.page_size());
     if (!fits_bounds(n)) { Platform::throw_out_of_memory(bytes, 0); }
-    map_top(n, /*merge=*/true);
+    map_at(top_, n, /*merge=*/true);
   }
 
   /**
-   * @brief Maps what `req` lacks (unmapping complete free pages first when over the budget)
-   * where it takes the fewest new pages: in a range unmapped pages left (a hole), after the
-   * free block that ends there, or at the top, after the free block that ends there; then
-   * takes a block for it from the shared list. nullptr when the arena, its reserve or
-   * `maximum_pool_size` leaves no room.
+   * @brief Maps what `req` lacks where `where_to_map` says (unmapping complete free pages
+   * first when over the budget), then takes a block for it from the shared list. nullptr
+   * when the arena, its reserve or `maximum_pool_size` leaves no room.
    */
   void* grow_locked(request const& req)
   {
@@ -164,21 +162,20 @@ class arena_growth {
   [[nodiscard]] std::size_t remaining_reserve() const noexcept
   { return static_cast<std::size_t>(arena_.base() + arena_.reserved() - top_); }
 
+  /// The bytes of pages held once `n` more are mapped (spare pages first).
+  [[nodiscard]] std::size_t held_after(std::size_t n) const noexcept
+  { return arena_.physical_bytes() + (n - std::min(n, arena_.spare_bytes())); }
+
   /// True when `n` more mapped bytes keep the pages held within `maximum_pool_size`.
   [[nodiscard]] bool fits_bounds(std::size_t n) const noexcept
-  {
-    if (!maximum_pool_size_) { return true; }
-    auto const fresh = n - std::min(n, arena_.spare_bytes());
-    return arena_.physical_bytes() + fresh <= *maximum_pool_size_;
-  }
+  { return !maximum_pool_size_ || held_after(n) <= *maximum_pool_size_; }
 
   /// Before mapping `n` bytes for a request of `need`: unmaps complete free pages (never of
   /// the blocks at `keep`) so that the pages held stay within `arena_budget`; the bytes
   /// unmapped.
   std::size_t unmap_over_budget(std::size_t n, std::size_t need, std::array<char*, 2> keep)
   {
-    auto const fresh = n - std::min(n, arena_.spare_bytes());
-    auto const after = arena_.physical_bytes() + fresh;
+    auto const after = held_after(n);
     auto const in_use =
       static_cast<std::size_t>(std::max<std::int64_t>(counters_.current_bytes.load(), 0)) + need;
     auto const budget = arena_budget(counters_.peak_bytes.load(), in_use);
@@ -210,9 +207,10 @@ class arena_growth {
     char* above{};
   };
 
-  /// The spot that maps the fewest new pages for `need` (the lowest, among equals): each hole,
-  /// then the top. A captured stream's growth merges with no free block (it could wait on
-  /// none of their fences): only whole holes or the top.
+  /// Where to map for `need`: the lowest hole that holds it with the free block that ends
+  /// there (only the pages that block lacks are mapped) or, mapped whole, with the free blocks
+  /// on both of its sides; else the top, after the free block that ends there. A captured
+  /// stream's growth merges with no free block (it could wait on none of their fences).
   [[nodiscard]] spot where_to_map(std::size_t need, bool capturing)
   {
     auto const page = arena_.page_size();
@@ -229,10 +227,11 @@ class arena_growth {
       }
       return spot{};
     };
-    for (auto const& [start, size] : holes_) {
-      if (auto const s = at(start, size, true); s.at != nullptr) { return s; }
-    }
-    return at(top_, remaining_reserve(), false);
+    spot found;
+    holes_.for_each([&](char* start, std::size_t size, no_tag&) {
+      if (found.at == nullptr) { found = at(start, size, true); }
+    });
+    return found.at != nullptr ? found : at(top_, remaining_reserve(), false);
   }
 
   /// Maps `n` bytes at `ptr` (a hole's start or the top), registers them (merged with the
@@ -244,8 +243,9 @@ class arena_growth {
     arena_.map(ptr, n);
     if (ptr == top_) {
       top_ += n;
-    } else {
-      fill_hole(ptr, n);
+    } else {  // the front of the hole that starts at `ptr`
+      auto const hole = holes_.take(ptr);
+      if (hole.size > n) { holes_.insert(ptr + n, hole.size - n, no_tag{}, no_chunks); }
     }
     if (merge) {
       chunks_.add_merging(ptr, n);
@@ -255,38 +255,19 @@ class arena_growth {
     shared_.insert(ptr, n, tag_type{});
   }
 
-  /// Maps `n` bytes at the top (the initial pages).
-  void map_top(std::size_t n, bool merge) { map_at(top_, n, merge); }
-
   /// Notes `[ptr, ptr + n)` unmapped: a hole, merged with the holes around it; a hole that
   /// reaches the top lowers the top instead.
   void add_hole(char* ptr, std::size_t n)
   {
-    if (auto next = holes_.find(ptr + n); next != holes_.end()) {
-      n += next->second;
-      holes_.erase(next);
+    holes_.insert(ptr, n, no_tag{}, no_chunks);
+    if (auto const [start, size] = holes_.block_ending_at(top_); start != nullptr) {
+      (void)holes_.take(start);
+      top_ = start;
     }
-    if (auto it = holes_.lower_bound(ptr);
-        it != holes_.begin() && std::prev(it)->first + std::prev(it)->second == ptr) {
-      ptr = std::prev(it)->first;
-      n += std::prev(it)->second;
-      holes_.erase(std::prev(it));
-    }
-    if (ptr + n == top_) {
-      top_ = ptr;
-      return;
-    }
-    holes_.emplace(ptr, n);
   }
 
-  /// Takes `[ptr, ptr + n)`, mapped again, from the front of the hole that starts at `ptr`.
-  void fill_hole(char* ptr, std::size_t n)
-  {
-    auto it         = holes_.find(ptr);
-    auto const size = it->second;
-    holes_.erase(it);
-    if (size > n) { holes_.emplace(ptr + n, size - n); }
-  }
+  /// Holes merge with every neighbour: no chunk boundary lies between them.
+  static constexpr auto no_chunks = [](char*) { return false; };
 
   Arena& arena_;
   std::optional<std::size_t> const maximum_pool_size_;
@@ -295,7 +276,7 @@ class arena_growth {
   shared_list<Platform>& shared_;
   pool_counters& counters_;
   char* top_;  // the end of the range mapped so far: a growth past the holes maps here
-  std::map<char*, std::size_t> holes_;  // ranges below the top unmapped again: start -> bytes
+  free_list<no_tag> holes_;  // ranges below the top unmapped again
 };
 
 }  // namespace rmm_fences::mr::detail::pool
