@@ -29,6 +29,8 @@ def trace_names(directory=TRACES_DIR):
 SPECS = {
     "rmm_fences_pool": "pool(cuda)",  # 64 MiB first, then doubling
     "rmm_fences_vmm_pool": "vmm_pool",  # footprint: the most bytes of pages it held
+    # moves pages whenever over its budget, whatever the time it takes
+    "rmm_fences_vmm_pool_unbounded": "vmm_pool(remap_time_fraction=1)",
     "rmm_pool": "rmm_pool(cuda, initial_pool_size=0)",  # grows by the larger of request, size
     "cuda_async": "cuda_async",  # footprint: the memory pool's reserved bytes
     "arena": "arena(cuda, arena_size={arena_size})",  # its size taken at once: see arena_size

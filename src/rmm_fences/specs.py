@@ -68,7 +68,8 @@ class _Kind:
     adaptor: bool
     """Takes an upstream resource (the ``inner`` of its spec)."""
     params: dict
-    """Keyword arguments: name -> ``"size"`` | ``"int"`` | ``"bool"`` | tuple of choices."""
+    """Keyword arguments: name -> ``"size"`` | ``"int"`` | ``"bool"`` | ``"fraction"`` (a
+    number within [0, 1]) | tuple of choices."""
     stream_ordered: bool | str
     """Whether a block it frees is safe to hand out again while work queued before the free
     may still use it: ``True`` (reuse ordered by stream, or a free that synchronizes),
@@ -166,7 +167,7 @@ RESOURCES = {
             name="vmm_pool",
             cls="rmm_fences.VmmPoolMemoryResource",
             adaptor=False,
-            params={**_SIZES, "reserve_size": "size"},
+            params={**_SIZES, "reserve_size": "size", "remap_time_fraction": "fraction"},
             stream_ordered=True,
             doc="rmm_fences VmmPoolMemoryResource (the pool over device pages it maps itself)",
         ),
@@ -366,6 +367,8 @@ class _Parser:
                 if not text.isdigit():
                     raise ValueError(f"{key} must be a non-negative integer, got {text!r}")
                 return int(text)
+            if kind == "fraction":
+                return _fraction(text, key)
             if kind == "bool":
                 if text.lower() not in ("true", "false"):
                     raise ValueError(f"{key} must be true or false, got {text!r}")
@@ -375,6 +378,17 @@ class _Parser:
             return text
         except ValueError as exc:
             raise SpecError(self.spec, col, f"{resource}: {exc}") from None
+
+
+def _fraction(text: str, key: str) -> float:
+    """``text`` as a number within [0, 1]; ValueError naming ``key`` otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{key} must be a number within [0, 1], got {text!r}")
+    return value
 
 
 def parse_spec(spec: str) -> Spec:

@@ -54,6 +54,10 @@ from rmm_fences.specs import RESOURCES, Spec, SpecError, parse_spec
             Spec("vmm_unmap", None, (("reserve_size", 8 << 30), ("device", 0))),
         ),
         ("managed()", Spec("managed")),
+        (
+            "vmm_pool(remap_time_fraction=0.25)",
+            Spec("vmm_pool", None, (("remap_time_fraction", 0.25),)),
+        ),
     ],
 )
 def test_valid_specs(text, expected):
@@ -81,6 +85,8 @@ def test_valid_specs(text, expected):
         ("pool(cuda, initial_pool_size=1MiB, initial_pool_size=2MiB)", "given twice", 35),
         ("pool(cuda; x)", "unexpected character ';'", 9),
         ("vmm_unmap(device=gpu0)", "device must be a non-negative integer", 17),
+        ("vmm_pool(remap_time_fraction=2)", "remap_time_fraction must be a number within", 29),
+        ("vmm_pool(remap_time_fraction=nan)", "remap_time_fraction must be a number within", 29),
         ("pool(cuda, initial_pool_size=)", "expected a value for initial_pool_size", 29),
     ],
 )

@@ -63,6 +63,19 @@ def shape(kind: str, seed: int, events: int = 4000) -> list[tuple[int, int, int,
     return out
 
 
+def replay_pass(pool, events: list[tuple[int, int, int, int]], stream_base: int = 100) -> None:
+    """Replays ``events`` once, in order, on a host pool (stream ``s`` of the log is
+    ``stream_base + s``); what the log leaves live is freed after it."""
+    live = {}
+    for action, ident, nbytes, stream in events:
+        if action == 0:
+            live[ident] = (pool.allocate(nbytes, stream=stream_base + stream), nbytes, stream)
+        else:
+            pool.deallocate(live.pop(ident)[0], nbytes, stream=stream_base + stream)
+    for ptr, nbytes, stream in live.values():
+        pool.deallocate(ptr, nbytes, stream=stream_base + stream)
+
+
 def peak_live_bytes(events: list[tuple[int, int, int, int]]) -> int:
     """The most bytes live at once."""
     now = peak = 0

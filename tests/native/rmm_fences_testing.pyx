@@ -541,9 +541,18 @@ cdef extern from "rmm_fences_testing/host_pool.hpp" namespace "rmm_fences::testi
         uint64_t maps()
         uint64_t unmaps()
         size_t address_high_mark()
+        uint64_t page_calls()
+        uint64_t now_ns()
+        uint64_t busy_ns()
+
+    cdef struct host_arena_costs:
+        uint64_t call_ns
+        uint64_t page_ns
+        double remap_time_fraction
 
     cdef cppclass host_pool:
-        host_pool(size_t, optional[size_t], size_t, optional[size_t], size_t, size_t) except +
+        host_pool(size_t, optional[size_t], size_t, optional[size_t], size_t, size_t,
+                  host_arena_costs) except +
         host_page_arena* arena()
         void* allocate(uint64_t, size_t, size_t) except +
         void* allocate_cached_first(uint64_t, size_t, size_t) except +
@@ -757,16 +766,22 @@ cdef class HostStreamOrderedPool:
 
     def __cinit__(self, size_t initial_pool_size=0, maximum_pool_size=None,
                   size_t upstream_limit=1 << 40, maximum_growth_size=None,
-                  size_t arena_page_size=0, size_t arena_reserve_size=0):
+                  size_t arena_page_size=0, size_t arena_reserve_size=0,
+                  uint64_t arena_call_ns=0, uint64_t arena_page_ns=0,
+                  double arena_remap_time_fraction=1.0):
         cdef optional[size_t] cap
         cdef optional[size_t] growth
+        cdef host_arena_costs costs
+        costs.call_ns = arena_call_ns
+        costs.page_ns = arena_page_ns
+        costs.remap_time_fraction = arena_remap_time_fraction
         if maximum_pool_size is not None:
             cap = <size_t>maximum_pool_size
         if maximum_growth_size is not None:
             growth = <size_t>maximum_growth_size
         self.c_obj.reset(
             new host_pool(initial_pool_size, cap, upstream_limit, growth, arena_page_size,
-                          arena_reserve_size)
+                          arena_reserve_size, costs)
         )
         self._next_capture_id = 1
 
@@ -967,14 +982,18 @@ cdef class HostStreamOrderedPool:
         """The page arena's pages (``arena_page_size`` given), else None: ``page_size``,
         ``physical_bytes`` (mapped and spare), ``spare_bytes``, ``mapped_bytes``,
         ``peak_physical_bytes``, ``maps``, ``unmaps``, ``address_high_mark`` (the end of the
-        highest page mapped so far, from the start of the reserve: address space used)."""
+        highest page mapped so far, from the start of the reserve: address space used),
+        ``page_calls`` (pages mapped and unmapped, and ranges mapped: the CUDA arena's driver
+        calls), ``now_ns`` and ``busy_ns`` (the modelled time, and its part in page calls, at
+        ``arena_call_ns`` per call of the pool and ``arena_page_ns`` per page call)."""
         cdef host_page_arena* a = deref(self.c_obj).arena()
         if a == NULL:
             return None
         return {"page_size": a.page_size(), "physical_bytes": a.physical_bytes(),
                 "spare_bytes": a.spare_bytes(), "mapped_bytes": a.mapped_bytes(),
                 "peak_physical_bytes": a.peak_physical_bytes(), "maps": a.maps(),
-                "unmaps": a.unmaps(), "address_high_mark": a.address_high_mark()}
+                "unmaps": a.unmaps(), "address_high_mark": a.address_high_mark(),
+                "page_calls": a.page_calls(), "now_ns": a.now_ns(), "busy_ns": a.busy_ns()}
 
     def census(self) -> dict:
         """Where the pool's bytes are now, by place (``POOL_CENSUS_PLACES``), owner stream,

@@ -13,7 +13,7 @@ later) over it too.
 
 import pytest
 
-from helpers.alloc_shapes import SHAPES, peak_live_bytes
+from helpers.alloc_shapes import SHAPES, peak_live_bytes, replay_pass
 from helpers.paths import ROOT
 from rmm_fences_bench import read_allocation_log
 from rmm_fences_testing import HostStreamOrderedPool
@@ -182,14 +182,7 @@ def test_address_space_stays_bounded_over_many_passes(name):
     p.set_idle()
     marks = []
     for _ in range(60):
-        ptrs = {}
-        for action, ident, size, stream in events:
-            if action == 0:
-                ptrs[ident] = (p.allocate(size, stream=100 + stream), size, stream)
-            else:
-                p.deallocate(ptrs.pop(ident)[0], size, stream=100 + stream)
-        for ptr, size, stream in ptrs.values():
-            p.deallocate(ptr, size, stream=100 + stream)
+        replay_pass(p, events)
         marks.append(p.arena["address_high_mark"])
     assert p.violations == []
     assert marks[-1] <= 3 * peak, f"{marks[-1] / peak:.1f}x the live peak after 60 passes"

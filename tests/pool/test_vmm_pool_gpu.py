@@ -193,3 +193,55 @@ def test_a_global_capture_in_another_thread_survives_growths_that_unmap(
     assert "error" not in result, f"the other thread's capture failed: {result['error']!r}"
     assert result["errors"] == 0
     assert int(errors.get()[0]) == 0
+
+
+def view(cupy, ptr, nbytes):
+    """A float64 CuPy array over ``nbytes`` of pool memory at ``ptr``."""
+    mem = cupy.cuda.UnownedMemory(ptr, nbytes, None)
+    return cupy.ndarray((nbytes // 8,), dtype=np.float64, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_remap_time_fraction_decides_whether_pages_move(cupy, rng, fraction):
+    """Two finished 8 MiB blocks between live 2 MiB ones, then a 16 MiB request on another
+    stream with the peak in use not rising: at 1 their pages move to back it, at 0 the pool
+    maps fresh pages instead. Either way the live blocks keep their data and the new block
+    holds what a kernel wrote (checked against a float64 reference)."""
+    pool = VmmPoolMemoryResource(remap_time_fraction=fraction)
+    assert pool.remap_time_fraction == fraction
+    s1, s2 = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    blocks = []
+    for nbytes in (8 * MIB, 2 * MIB, 8 * MIB, 2 * MIB):
+        blocks.append((pool.allocate(nbytes, rs(s1)), nbytes))
+    kept = {}
+    with s1:
+        for ptr, nbytes in blocks:
+            host = rng.standard_normal(nbytes // 8)
+            view(cupy, ptr, nbytes)[:] = cupy.asarray(host)
+            kept[ptr] = host
+    for ptr, nbytes in blocks[0::2]:
+        pool.deallocate(ptr, nbytes, rs(s1))
+    pool.retire_stream(rs(s1))  # fenced and shared
+    s1.synchronize()  # their work done: a query finds the fences complete
+    held = pool.physical_bytes()
+    c = pool.allocate(16 * MIB, rs(s2))
+    host = rng.standard_normal(2 * MIB)
+    with s2:
+        got = float(cupy.tanh(cupy.asarray(host)).sum())
+        view(cupy, c, 16 * MIB)[:] = cupy.tanh(cupy.asarray(host))
+        total = float(view(cupy, c, 16 * MIB).sum())
+    s2.synchronize()
+    want = float(np.tanh(host).sum())
+    assert np.isclose(got, want, rtol=1e-9) and np.isclose(total, want, rtol=1e-9)
+    for ptr, nbytes in blocks[1::2]:
+        np.testing.assert_array_equal(cupy.asnumpy(view(cupy, ptr, nbytes)), kept[ptr])
+    stats = pool.stats
+    if fraction == 1.0:
+        assert stats["remapped_bytes"] == 16 * MIB and stats["remap_ns"] > 0
+        assert pool.physical_bytes() == held
+    else:
+        assert stats["remapped_bytes"] == 0 and stats["remap_ns"] == 0
+        assert pool.physical_bytes() == held + 16 * MIB
+    pool.deallocate(c, 16 * MIB, rs(s2))
+    for ptr, nbytes in blocks[1::2]:
+        pool.deallocate(ptr, nbytes, rs(s1))

@@ -44,6 +44,7 @@ def test_asv_replay_chains_measure_their_footprint_at_the_leaf():
     assert replay.CHAINS == [
         "rmm_fences_pool",
         "rmm_fences_vmm_pool",
+        "rmm_fences_vmm_pool_unbounded",
         "rmm_pool",
         "cuda_async",
         "arena",

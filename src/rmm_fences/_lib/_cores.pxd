@@ -67,6 +67,8 @@ cdef extern from "rmm_fences/mr/stats.hpp" namespace "rmm_fences::mr" nogil:
         uint64_t pool_bytes
         uint64_t physical_bytes
         uint64_t peak_physical_bytes
+        uint64_t remapped_bytes
+        uint64_t remap_ns
         uint64_t same_stream_reuse
         uint64_t cross_stream_reuse
         uint64_t upstream_growths

@@ -89,6 +89,7 @@ cdef extern from "rmm_fences/stream_ordered_pool_memory_resource.hpp" \
             size_t initial_pool_size,
             optional[size_t] maximum_pool_size,
             optional[size_t] reserve_size,
+            double remap_time_fraction,
         ) except +
         size_t physical_bytes()
         void* try_allocate_cached(stream_ref stream, size_t nbytes) except +

@@ -375,6 +375,17 @@ cdef object _pool_sizes(initial_pool_size, maximum_pool_size):
     return initial, maximum
 
 
+cdef double _remap_fraction(value) except -1.0:
+    """``remap_time_fraction``, checked: a number within [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"remap_time_fraction must be a number within [0, 1], got {type(value).__name__}"
+        )
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise ValueError(f"remap_time_fraction must be within [0, 1], got {value!r}")
+    return value
+
+
 cdef uintptr_t _pool_allocate(stream_ordered_pool_memory_resource* mr, size_t nbytes,
                               object stream) except? 0:
     """The pools' allocate: the same-stream path with the GIL, a miss without it."""
@@ -618,11 +629,14 @@ cdef class _VmmPoolMemoryResource(DeviceMemoryResource):
     cdef unique_ptr[stream_ordered_pool_memory_resource] c_obj
     cdef object _maximum_pool_size
     cdef object _reserve_size
+    cdef double _remap_time_fraction
 
-    def __cinit__(self, initial_pool_size=0, maximum_pool_size=None, *, reserve_size=None):
+    def __cinit__(self, initial_pool_size=0, maximum_pool_size=None, *, reserve_size=None,
+                  remap_time_fraction=0.05):
         cdef size_t initial
         cdef optional[size_t] maximum
         cdef optional[size_t] reserve
+        self._remap_time_fraction = _remap_fraction(remap_time_fraction)
         initial, self._maximum_pool_size = _pool_sizes(initial_pool_size, maximum_pool_size)
         if self._maximum_pool_size is not None:
             maximum = <size_t>self._maximum_pool_size
@@ -636,7 +650,7 @@ cdef class _VmmPoolMemoryResource(DeviceMemoryResource):
             reserve = <size_t>self._reserve_size
         with nogil:
             self.c_obj.reset(new stream_ordered_pool_memory_resource(
-                device_pages_tag(), initial, maximum, reserve,
+                device_pages_tag(), initial, maximum, reserve, self._remap_time_fraction,
             ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
@@ -676,6 +690,11 @@ cdef class _VmmPoolMemoryResource(DeviceMemoryResource):
         """The address space asked for, or ``None`` (four times the device's memory)."""
         return self._reserve_size
 
+    @property
+    def remap_time_fraction(self) -> float:
+        """The most of its time the pool spends moving free pages to where it grows."""
+        return self._remap_time_fraction
+
     def release(self) -> int:
         """Unmap every whole page of free blocks whose work is done (their fences complete)
         and free the spare pages: never waits. Returns the bytes of pages freed."""
@@ -692,7 +711,8 @@ cdef class _VmmPoolMemoryResource(DeviceMemoryResource):
     @property
     def stats(self) -> dict:
         """As :attr:`StreamOrderedPoolMemoryResource.stats` (``pool_bytes``: the mapped
-        range; ``physical_bytes``: the pages held, mapped and spare)."""
+        range; ``physical_bytes``: the pages held, mapped and spare; ``remapped_bytes`` and
+        ``remap_ns``: the free pages moved to where the pool grew, and the time it took)."""
         return deref(self.c_obj).stats()
 
 
@@ -707,7 +727,9 @@ class VmmPoolMemoryResource(_VmmPoolMemoryResource):
     of its mapped range by what the free block there lacks, so free blocks merge across
     growths. When a growth would make it hold more than 1/16 over the most bytes it had in
     use, it first unmaps whole pages of free blocks whose work is done (a query found their
-    fences complete: an unmap takes effect at once) and maps those pages where it grows.
+    fences complete: an unmap takes effect at once) and maps those pages where it grows, as
+    long as such moves have taken at most ``remap_time_fraction`` of its time; past that it
+    maps more pages instead (it holds more, but never spends more time).
 
     Parameters
     ----------
@@ -720,6 +742,10 @@ class VmmPoolMemoryResource(_VmmPoolMemoryResource):
     reserve_size : int or str, optional
         The address space reserved, which the mapped range never passes (address space costs
         no device memory). ``None`` (default): four times the device's memory.
+    remap_time_fraction : float, default 0.05
+        The most of its time, within ``[0, 1]``, the pool spends moving free pages (an unmap
+        and a map per page) to hold less memory, kept over any second or more. ``0``: pages
+        move only when the device is out of memory; ``1``: whenever the budget asks.
 
     Notes
     -----
@@ -730,7 +756,8 @@ class VmmPoolMemoryResource(_VmmPoolMemoryResource):
     the virtual memory API. The pool belongs to the device current at construction.
     """
 
-    def __init__(self, initial_pool_size=0, maximum_pool_size=None, *, reserve_size=None):
+    def __init__(self, initial_pool_size=0, maximum_pool_size=None, *, reserve_size=None,
+                 remap_time_fraction=0.05):
         pass
 
 

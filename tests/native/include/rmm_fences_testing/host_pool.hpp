@@ -529,15 +529,30 @@ class host_pool_platform {
  * @brief A page arena on host memory (the pool's upstream when a test asks for one): one
  * reserved range of `reserve` bytes (never touched unless a test writes to its blocks), pages
  * of `page` bytes held up to `limit`. Tells the oracle of each unmap, which must find the
- * work on those bytes done; logs maps and unmaps as upstream calls (stream 0).
+ * work on those bytes done; logs maps and unmaps as upstream calls (stream 0). Its clock
+ * (`now_ns`) models time: `costs.call_ns` per call of the pool (the log's clock) and
+ * `costs.page_ns` per page mapped or unmapped and per range mapped (its access set); zero
+ * costs stop it. Once its peak in use stopped rising, the pool may spend
+ * `costs.remap_time_fraction` of that time moving pages (1: every move its budget asks for).
  */
+struct host_arena_costs {
+  std::uint64_t call_ns{};
+  std::uint64_t page_ns{};
+  double remap_time_fraction{1.0};
+};
+
 class host_page_arena {
  public:
   host_page_arena(std::size_t page,
                   std::size_t reserve,
                   std::size_t limit,
-                  std::shared_ptr<pool_log> log)
-    : page_{page}, reserved_{reserve / page * page}, limit_{limit}, log_{std::move(log)}
+                  std::shared_ptr<pool_log> log,
+                  host_arena_costs costs = {})
+    : page_{page},
+      reserved_{reserve / page * page},
+      limit_{limit},
+      log_{std::move(log)},
+      costs_{costs}
   {
     void* p = ::mmap(nullptr,
                      reserved_,
@@ -564,6 +579,15 @@ class host_page_arena {
   /// The end of the highest page mapped so far, from the start of the reserve.
   [[nodiscard]] std::size_t address_high_mark() const noexcept { return high_mark_; }
   [[nodiscard]] std::uint64_t unmaps() const noexcept { return unmaps_; }
+  /// Pages mapped and unmapped so far (each a driver call of the CUDA arena).
+  [[nodiscard]] std::uint64_t page_calls() const noexcept { return page_calls_; }
+  /// The modelled time: the pool's calls and the page calls at their costs.
+  [[nodiscard]] std::uint64_t now_ns() const noexcept
+  { return log_->now() * costs_.call_ns + busy_ns_.load(std::memory_order_relaxed); }
+  [[nodiscard]] double remap_time_fraction() const noexcept { return costs_.remap_time_fraction; }
+  /// The modelled time spent in page calls.
+  [[nodiscard]] std::uint64_t busy_ns() const noexcept
+  { return busy_ns_.load(std::memory_order_relaxed); }
 
   void map(char* p, std::size_t n)
   {
@@ -604,6 +628,7 @@ class host_page_arena {
     peak_      = std::max(peak_, mapped_ + spare_);
     high_mark_ = std::max(high_mark_, static_cast<std::size_t>(p + n - base_));
     ++maps_;
+    spend(n / page_ + 1);
     log_->upstream_calls.emplace_back(true, a, n, 0, log_->now());
   }
 
@@ -617,12 +642,20 @@ class host_page_arena {
     mapped_ -= n;
     spare_ += n;
     ++unmaps_;
+    spend(n / page_);
     ::madvise(p, n, MADV_DONTNEED);
   }
 
   void trim() noexcept { spare_ = 0; }
 
  private:
+  /// Counts `calls` page calls and their modelled time (the log's mutex held).
+  void spend(std::uint64_t calls) noexcept
+  {
+    page_calls_ += calls;
+    busy_ns_.fetch_add(calls * costs_.page_ns, std::memory_order_relaxed);
+  }
+
   /// Takes [a, a + n) out of the mapped ranges; false when it is not inside one.
   bool unmark(std::uintptr_t a, std::size_t n)
   {
@@ -647,6 +680,9 @@ class host_page_arena {
   std::size_t peak_{};
   std::uint64_t maps_{};
   std::uint64_t unmaps_{};
+  std::uint64_t page_calls_{};
+  std::atomic<std::uint64_t> busy_ns_{};  // read by statistics without the log's mutex
+  host_arena_costs costs_;
   std::size_t high_mark_{};
   std::map<std::uintptr_t, std::uintptr_t> mapped_ranges_;  // start -> end
 };
@@ -659,12 +695,13 @@ class host_chunk_upstream {
   host_chunk_upstream(std::size_t limit,
                       std::shared_ptr<pool_log> log,
                       std::size_t arena_page    = 0,
-                      std::size_t arena_reserve = 0)
+                      std::size_t arena_reserve = 0,
+                      host_arena_costs costs    = {})
     : limit_{limit}, log_{std::move(log)}, mutex_{std::make_unique<std::mutex>()}
   {
     if (arena_page != 0) {
       auto const reserve = arena_reserve != 0 ? arena_reserve : std::size_t{1} << 40;
-      arena_             = std::make_unique<host_page_arena>(arena_page, reserve, limit, log_);
+      arena_ = std::make_unique<host_page_arena>(arena_page, reserve, limit, log_, costs);
     }
   }
 
@@ -758,9 +795,10 @@ class host_pool {
             std::size_t upstream_limit,
             std::optional<std::size_t> maximum_growth = std::nullopt,
             std::size_t arena_page                    = 0,
-            std::size_t arena_reserve                 = 0)
+            std::size_t arena_reserve                 = 0,
+            host_arena_costs costs                    = {})
     : log_{std::make_shared<pool_log>()},
-      core_{host_chunk_upstream{upstream_limit, log_, arena_page, arena_reserve},
+      core_{host_chunk_upstream{upstream_limit, log_, arena_page, arena_reserve, costs},
             initial,
             maximum,
             maximum_growth,

@@ -68,16 +68,24 @@ class stream_ordered_pool_memory_resource
    * @param maximum_pool_size the most bytes of pages the pool may hold (empty: no bound)
    * @param reserve_size the address space it may grow in (empty: four times the device's
    * memory)
+   * @param remap_time_fraction the most of its time, within [0, 1], the pool spends moving
+   * free pages to where it grows (unmapping and mapping them) instead of holding more: 0 only
+   * when the device is out of memory, 1 whenever it would hold more than 1/16 over its peak in
+   * use; the share is kept over any second or more
+   * @throws std::invalid_argument for a `remap_time_fraction` outside [0, 1]
    */
-  stream_ordered_pool_memory_resource(detail::device_pages_tag,
-                                      std::size_t initial_pool_size                = 0,
-                                      std::optional<std::size_t> maximum_pool_size = std::nullopt,
-                                      std::optional<std::size_t> reserve_size      = std::nullopt)
+  stream_ordered_pool_memory_resource(
+    detail::device_pages_tag,
+    std::size_t initial_pool_size                = 0,
+    std::optional<std::size_t> maximum_pool_size = std::nullopt,
+    std::optional<std::size_t> reserve_size      = std::nullopt,
+    double remap_time_fraction                   = detail::pool::default_remap_time_fraction)
     : shared_base(cuda::std::in_place_type<detail::stream_ordered_pool_memory_resource_impl>,
                   detail::device_pages_tag{},
                   initial_pool_size,
                   maximum_pool_size,
-                  reserve_size)
+                  reserve_size,
+                  remap_time_fraction)
   {
   }
 

@@ -11,6 +11,7 @@
  */
 #pragma once
 
+#include <rmm_fences/detail/pool/remap_allowance.hpp>
 #include <rmm_fences/detail/vmm_api.hpp>
 
 #include <rmm/cuda_device.hpp>
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -40,11 +42,18 @@ class cuda_page_arena {
    * @param device the device whose memory backs the pages
    * @param reserve_size bytes of address space to reserve (empty: `page_arena_reserve_factor`
    * times the device's memory); the pool never grows past it
-   * @throws std::runtime_error when the driver lacks the virtual memory API, or
-   * rmm::out_of_memory when the reservation fails
+   * @param remap_time_fraction the share of its time the pool may spend moving pages
+   * (detail/pool/remap_allowance.hpp)
+   * @throws std::invalid_argument for a `remap_time_fraction` outside [0, 1],
+   * std::runtime_error when the driver lacks the virtual memory API, or rmm::out_of_memory
+   * when the reservation fails
    */
-  cuda_page_arena(rmm::cuda_device_id device, std::optional<std::size_t> reserve_size)
-    : api_{vmm_api::for_device(device.value(), prop_, page_)}, device_{device}
+  cuda_page_arena(rmm::cuda_device_id device,
+                  std::optional<std::size_t> reserve_size,
+                  double remap_time_fraction = pool::default_remap_time_fraction)
+    : remap_time_fraction_{pool::validated_remap_time_fraction(remap_time_fraction)},
+      api_{vmm_api::for_device(device.value(), prop_, page_)},
+      device_{device}
   {
     rmm::cuda_set_device_raii guard{device_};
     access_.location = prop_.location;
@@ -85,6 +94,14 @@ class cuda_page_arena {
   { return spare_count_.load(std::memory_order_relaxed) * page_; }
   [[nodiscard]] std::size_t peak_physical_bytes() const noexcept
   { return peak_.load(std::memory_order_relaxed); }
+  [[nodiscard]] double remap_time_fraction() const noexcept { return remap_time_fraction_; }
+  /// The clock that bounds the time the pool spends moving pages (steady, nanoseconds).
+  [[nodiscard]] std::uint64_t now_ns() const noexcept
+  {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+  }
 
   /**
    * @brief Backs the pages `[p, p + n)` of the range (spare pages first) and makes them
@@ -188,6 +205,7 @@ class cuda_page_arena {
     }
   }
 
+  double remap_time_fraction_;
   // Before `api_`, whose initialization fills them (`vmm_api::for_device`).
   CUmemAllocationProp prop_{};
   std::size_t page_{};

@@ -33,6 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -360,15 +361,16 @@ class stream_ordered_pool_core {
     });
     counters_.fill(s);
     s.same_stream_reuse += counters_.retired_hits.load(std::memory_order_relaxed);
-    s.pool_bytes          = pool_size();
-    s.physical_bytes      = physical_bytes();
-    s.peak_physical_bytes = growth_.peak_physical_bytes();
-    s.cross_stream_reuse  = shared_.cross_stream_takes();
-    s.fences              = fences_.records();
-    s.stream_waits        = fences_.waits();
-    s.fence_events        = static_cast<std::uint64_t>(fences_.events());
-    s.graph_bytes         = captured + graphs_.bytes();
-    s.orphan_bytes        = orphans_.bytes();
+    s.pool_bytes                           = pool_size();
+    s.physical_bytes                       = physical_bytes();
+    s.peak_physical_bytes                  = growth_.peak_physical_bytes();
+    std::tie(s.remapped_bytes, s.remap_ns) = growth_.remapped();
+    s.cross_stream_reuse                   = shared_.cross_stream_takes();
+    s.fences                               = fences_.records();
+    s.stream_waits                         = fences_.waits();
+    s.fence_events                         = static_cast<std::uint64_t>(fences_.events());
+    s.graph_bytes                          = captured + graphs_.bytes();
+    s.orphan_bytes                         = orphans_.bytes();
     return s;
   }
 

@@ -81,15 +81,17 @@ class stream_ordered_pool_memory_resource_impl {
   }
 
   /// A pool over the pages of the device current now (`reserve_size`: the address space it
-  /// may grow in; empty: four times the device's memory).
+  /// may grow in; empty: four times the device's memory; `remap_time_fraction`: the share of
+  /// its time it may spend moving pages).
   stream_ordered_pool_memory_resource_impl(device_pages_tag,
                                            std::size_t initial_pool_size,
                                            std::optional<std::size_t> maximum_pool_size,
-                                           std::optional<std::size_t> reserve_size)
+                                           std::optional<std::size_t> reserve_size,
+                                           double remap_time_fraction)
   try
-    : core_{pool_upstream{
-              device_pages_tag{},
-              std::make_unique<cuda_page_arena>(rmm::get_current_cuda_device(), reserve_size)},
+    : core_{pool_upstream{device_pages_tag{},
+                          std::make_unique<cuda_page_arena>(
+                            rmm::get_current_cuda_device(), reserve_size, remap_time_fraction)},
             initial_pool_size,
             maximum_pool_size,
             std::nullopt,

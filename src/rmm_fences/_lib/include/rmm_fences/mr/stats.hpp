@@ -32,14 +32,18 @@ struct stream_ordered_pool_stats {
   /// too (unmapped, kept for the next growth until `release`).
   std::uint64_t physical_bytes{};
   std::uint64_t peak_physical_bytes{};  ///< the most `physical_bytes` held at once
-  std::uint64_t same_stream_reuse{};    ///< allocations served from the stream's own frees
-  std::uint64_t cross_stream_reuse{};   ///< allocations that waited on another stream's fence
-  std::uint64_t upstream_growths{};     ///< chunks taken from the upstream
-  std::uint64_t fences{};               ///< fences recorded (one per batch of cached frees)
-  std::uint64_t stream_waits{};         ///< stream-to-fence waits enqueued (no host sync)
-  std::uint64_t reclaim_syncs{};    ///< reclaims after `synchronize_and_reclaim` (never its own)
-  std::uint64_t retired_streams{};  ///< streams retired through `retire_stream`
-  std::uint64_t rejected_frees{};   ///< frees refused (double, foreign, wrong size)
+  /// Over the device's pages: bytes of free pages unmapped to be mapped where the pool grew
+  /// (instead of holding more), and the time those moves took, in nanoseconds.
+  std::uint64_t remapped_bytes{};
+  std::uint64_t remap_ns{};
+  std::uint64_t same_stream_reuse{};   ///< allocations served from the stream's own frees
+  std::uint64_t cross_stream_reuse{};  ///< allocations that waited on another stream's fence
+  std::uint64_t upstream_growths{};    ///< chunks taken from the upstream
+  std::uint64_t fences{};              ///< fences recorded (one per batch of cached frees)
+  std::uint64_t stream_waits{};        ///< stream-to-fence waits enqueued (no host sync)
+  std::uint64_t reclaim_syncs{};       ///< reclaims after `synchronize_and_reclaim` (never its own)
+  std::uint64_t retired_streams{};     ///< streams retired through `retire_stream`
+  std::uint64_t rejected_frees{};      ///< frees refused (double, foreign, wrong size)
   /// Per-stream slots held now: one per stream identity in use, each with its cache and
   /// fence. Slots unused since the last sweep (streams that went away) are retired once 64 or
   /// more are held, so this stays bounded however many streams come and go.

@@ -104,6 +104,16 @@ class upstream_growth {
     return chunks_.peak_bytes();
   }
 
+  /// Over a page arena: bytes of free pages moved to where the pool grew, and the time the
+  /// moves took (nanoseconds); 0 over chunks.
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> remapped() const noexcept
+  {
+    if constexpr (may_offer_arena<Upstream>) {
+      if (arena_) { return {arena_->remapped_bytes(), arena_->remap_ns()}; }
+    }
+    return {0, 0};
+  }
+
   /// The initial chunk: on the pool's own stream, synchronized, so it is free of any earlier
   /// work and listed untagged.
   void grow_initial(std::size_t bytes)

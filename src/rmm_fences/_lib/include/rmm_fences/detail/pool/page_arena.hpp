@@ -8,7 +8,9 @@
  * first unmaps whole pages of free blocks whose fences a query finds complete (their work is
  * done, not only ordered: an unmap takes effect at once) and the arena backs the new range
  * with those pages. Unmapped ranges below the top (holes) are where growths map first, so
- * the address space used stops growing. Mapped and unmapped ranges change only under the
+ * the address space used stops growing. Moving pages costs driver calls: once the peak in
+ * use stopped rising, a growth moves them only while the remap allowance (remap_allowance.hpp)
+ * has time left, else it maps fresh pages. Mapped and unmapped ranges change only under the
  * growth's lock; no CUDA call here (the arena makes them).
  */
 #pragma once
@@ -19,11 +21,13 @@
 #include <rmm_fences/detail/pool/counters.hpp>
 #include <rmm_fences/detail/pool/fence.hpp>
 #include <rmm_fences/detail/pool/pages.hpp>
+#include <rmm_fences/detail/pool/remap_allowance.hpp>
 #include <rmm_fences/detail/pool/request.hpp>
 #include <rmm_fences/detail/pool/shared_list.hpp>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +50,8 @@ namespace rmm_fences::mr::detail::pool {
  *                                       // throws the platform's out_of_memory
  *   void unmap(char* p, std::size_t n) noexcept;  // at once: its pages become spare
  *   void trim() noexcept;                         // frees the spare pages
+ *   std::uint64_t now_ns() const noexcept;        // a monotonic clock (times the moves)
+ *   double remap_time_fraction() const noexcept;  // the share of time moves may take
  */
 template <typename A>
 concept page_arena = requires(A& a, A const& c, char* p, std::size_t n) {
@@ -58,6 +64,8 @@ concept page_arena = requires(A& a, A const& c, char* p, std::size_t n) {
   a.map(p, n);
   a.unmap(p, n);
   a.trim();
+  { c.now_ns() } -> std::convertible_to<std::uint64_t>;
+  { c.remap_time_fraction() } -> std::convertible_to<double>;
 };
 
 /**
@@ -88,7 +96,8 @@ class arena_growth {
       chunks_{chunks},
       shared_{shared},
       counters_{counters},
-      top_{arena.base()}
+      top_{arena.base()},
+      allowance_{arena.remap_time_fraction(), arena.now_ns()}
   {
   }
 
@@ -101,34 +110,19 @@ class arena_growth {
   }
 
   /**
-   * @brief Maps what `req` lacks where `where_to_map` says (unmapping complete free pages
-   * first when over the budget), then takes a block for it from the shared list. nullptr
-   * when the arena, its reserve or `maximum_pool_size` leaves no room.
+   * @brief Maps what `req` lacks where `where_to_map` says (first moving complete free pages
+   * there when over the budget, and the peak in use rises or the remap allowance has time
+   * left), then takes a block for it from the shared list. nullptr when the arena, its
+   * reserve or `maximum_pool_size` leaves no room.
    */
   void* grow_locked(request const& req)
   {
-    bool const capturing = platform_.is_capturing(req.stream);
-    auto spot            = where_to_map(req.need(), capturing);
-    if (spot.at == nullptr) { return nullptr; }
-    // An unmap makes holes, which may join the chosen one or lower the top: choose again.
-    if (unmap_over_budget(spot.bytes, req.need(), {spot.below, spot.above}) > 0) {
-      spot = where_to_map(req.need(), capturing);
-      if (spot.at == nullptr) { return nullptr; }
-    }
-    if (!fits_bounds(spot.bytes)) { return nullptr; }
-    try {
-      map_at(spot.at, spot.bytes, /*merge=*/!capturing);
-    } catch (typename Platform::out_of_memory const&) {
-      // Out of device memory: complete free pages elsewhere back the range, or nothing does.
-      if (unmap_complete_pages(spot.bytes, {spot.below, spot.above}) == 0) { return nullptr; }
-      spot = where_to_map(req.need(), capturing);
-      if (spot.at == nullptr) { return nullptr; }
-      try {
-        map_at(spot.at, spot.bytes, !capturing);
-      } catch (typename Platform::out_of_memory const&) {
-        return nullptr;
-      }
-    }
+    auto const began  = arena_.now_ns();
+    bool const rising = in_use_with(req.need()) > counters_.peak_bytes.load();
+    std::size_t moved = 0;
+    bool const grown  = map_for(req, rising || allowance_.allows(began), moved);
+    if (moved > 0) { count_move(began, moved, /*charged=*/!rising); }
+    if (!grown) { return nullptr; }
     pool_counters::bump(counters_.growths);
     char* ptr = shared_.take_for(req);
     return ptr == nullptr ? nullptr : counters_.account(ptr, req.size);
@@ -153,6 +147,12 @@ class arena_growth {
     arena_.trim();
   }
 
+  /// Bytes of free pages unmapped to be mapped where the pool grew, and the time it took.
+  [[nodiscard]] std::uint64_t remapped_bytes() const noexcept
+  { return remapped_bytes_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t remap_ns() const noexcept
+  { return remap_ns_.load(std::memory_order_relaxed); }
+
   /// Bytes of physical pages held (mapped and spare), and the most held at once.
   [[nodiscard]] std::size_t physical_bytes() const noexcept { return arena_.physical_bytes(); }
   [[nodiscard]] std::size_t peak_physical_bytes() const noexcept
@@ -170,15 +170,64 @@ class arena_growth {
   [[nodiscard]] bool fits_bounds(std::size_t n) const noexcept
   { return !maximum_pool_size_ || held_after(n) <= *maximum_pool_size_; }
 
+  /// Maps the pages `req` lacks; over the budget it first unmaps complete free pages when
+  /// `may_move`, and out of device memory whatever time is left (the alternative is
+  /// out-of-memory). `moved`: the bytes unmapped. False when nothing could be mapped.
+  bool map_for(request const& req, bool may_move, std::size_t& moved)
+  {
+    bool const capturing = platform_.is_capturing(req.stream);
+    auto spot            = where_to_map(req.need(), capturing);
+    if (spot.at == nullptr) { return false; }
+    // An unmap makes holes, which may join the chosen one or lower the top: choose again.
+    moved = may_move ? unmap_over_budget(spot.bytes, req.need(), {spot.below, spot.above}) : 0;
+    if (moved > 0) {
+      spot = where_to_map(req.need(), capturing);
+      if (spot.at == nullptr) { return false; }
+    }
+    if (!fits_bounds(spot.bytes)) { return false; }
+    try {
+      map_at(spot.at, spot.bytes, /*merge=*/!capturing);
+      return true;
+    } catch (typename Platform::out_of_memory const&) {
+    }
+    // Out of device memory: complete free pages elsewhere back the range, or nothing does.
+    auto const freed = unmap_complete_pages(spot.bytes, {spot.below, spot.above});
+    if (freed == 0) { return false; }
+    moved += freed;
+    spot = where_to_map(req.need(), capturing);
+    if (spot.at == nullptr) { return false; }
+    try {
+      map_at(spot.at, spot.bytes, !capturing);
+      return true;
+    } catch (typename Platform::out_of_memory const&) {
+      return false;
+    }
+  }
+
+  /// Counts a growth's move of `moved` bytes that began at `began`; when `charged`, its
+  /// time comes out of the allowance.
+  void count_move(std::uint64_t began, std::size_t moved, bool charged)
+  {
+    auto const end = arena_.now_ns();
+    if (charged) { allowance_.spend(began, end); }
+    remap_ns_.fetch_add(end - std::min(began, end), std::memory_order_relaxed);
+    remapped_bytes_.fetch_add(moved, std::memory_order_relaxed);
+  }
+
+  /// The bytes in use once `need` more are.
+  [[nodiscard]] std::size_t in_use_with(std::size_t need) const noexcept
+  {
+    return static_cast<std::size_t>(std::max<std::int64_t>(counters_.current_bytes.load(), 0)) +
+           need;
+  }
+
   /// Before mapping `n` bytes for a request of `need`: unmaps complete free pages (never of
   /// the blocks at `keep`) so that the pages held stay within `arena_budget`; the bytes
   /// unmapped.
   std::size_t unmap_over_budget(std::size_t n, std::size_t need, std::array<char*, 2> keep)
   {
-    auto const after = held_after(n);
-    auto const in_use =
-      static_cast<std::size_t>(std::max<std::int64_t>(counters_.current_bytes.load(), 0)) + need;
-    auto const budget = arena_budget(counters_.peak_bytes.load(), in_use);
+    auto const after  = held_after(n);
+    auto const budget = arena_budget(counters_.peak_bytes.load(), in_use_with(need));
     return after > budget ? unmap_complete_pages(after - budget, keep) : 0;
   }
 
@@ -277,6 +326,9 @@ class arena_growth {
   pool_counters& counters_;
   char* top_;  // the end of the range mapped so far: a growth past the holes maps here
   free_list<no_tag> holes_;  // ranges below the top unmapped again
+  remap_allowance allowance_;
+  std::atomic<std::uint64_t> remapped_bytes_{};  // statistics read them without the lock
+  std::atomic<std::uint64_t> remap_ns_{};
 };
 
 }  // namespace rmm_fences::mr::detail::pool
