@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from helpers.stateful import machine_settings
+from helpers.stateful import REMAP_FRACTIONS, costly_moves, machine_settings
 from rmm_fences_testing import HostStreamOrderedPool, pool_growth_chunk
 
 STREAMS = st.sampled_from([0, 1, 2, 3, 4])
@@ -56,11 +56,14 @@ class PoolModel(RuleBasedStateMachine):
         initial=st.sampled_from([0, 1 << 16, 1 << 20]),
         maximum=st.none() | st.sampled_from([1 << 20, 3 << 20]),
         arena_page=ARENA_PAGES,
+        remap=REMAP_FRACTIONS,
     )
-    def setup(self, initial, maximum, arena_page):
+    def setup(self, initial, maximum, arena_page, remap):
         if maximum is not None:
             initial = min(initial, maximum)
-        self.p = HostStreamOrderedPool(initial, maximum, arena_page_size=arena_page)
+        self.p = HostStreamOrderedPool(
+            initial, maximum, arena_page_size=arena_page, **costly_moves(remap)
+        )
         self.live = {}  # allocation number -> (ptr, requested bytes, rounded size, stream)
         self.allocations = 0
         self.freed = []  # [start, end, stream, clock of the free]

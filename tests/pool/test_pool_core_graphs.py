@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from helpers.stateful import machine_settings
+from helpers.stateful import REMAP_FRACTIONS, costly_moves, machine_settings
 from rmm_fences_testing import HostStreamOrderedPool
 
 KiB = 1 << 10
@@ -192,11 +192,14 @@ class GraphPoolModel(RuleBasedStateMachine):
         initial=st.sampled_from([0, 256 * KiB, 1 * MiB]),
         maximum=st.none() | st.sampled_from([1 * MiB, 2 * MiB]),
         arena_page=st.sampled_from([0, 0, 4 * KiB, 64 * KiB]),
+        remap=REMAP_FRACTIONS,
     )
-    def setup(self, initial, maximum, arena_page):
+    def setup(self, initial, maximum, arena_page, remap):
         if maximum is not None:
             initial = min(initial, maximum)
-        self.p = HostStreamOrderedPool(initial, maximum, arena_page_size=arena_page)
+        self.p = HostStreamOrderedPool(
+            initial, maximum, arena_page_size=arena_page, **costly_moves(remap)
+        )
         self.live = {}  # allocation number -> (ptr, bytes, size)
         self.allocations = 0
         self.capturing = {}  # stream -> capture id
