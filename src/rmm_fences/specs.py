@@ -180,6 +180,7 @@ RESOURCES = {
                 "max_pending_bytes": "size",
                 "max_batch_frees": "int",
                 "max_batch_bytes": "size",
+                "reuse_on_stream": "bool",
             },
             stream_ordered=True,
             doc="rmm_fences SyncOnFreeResourceAdaptor",

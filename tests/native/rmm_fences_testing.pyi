@@ -9,6 +9,7 @@ class HostSyncOnFree:
         upstream_limit: int = ...,
         max_batch_frees: int = 16,
         max_batch_bytes: int | str | None = 67108864,
+        reuse_on_stream: bool = True,
     ) -> None: ...
     @property
     def max_batch_frees(self) -> int: ...
@@ -44,6 +45,8 @@ class HostSyncOnFree:
     ) -> dict[str, int]: ...
     @property
     def board_counts(self) -> dict[str, int]: ...
+    @property
+    def reuses(self) -> dict[str, int]: ...
     def run_pairs(
         self,
         nbytes: int,

@@ -115,6 +115,8 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
     cdef struct thread_run_result:
         uint64_t frees
         uint64_t unsafe_releases
+        uint64_t reuses
+        uint64_t unsafe_reuses
         uint64_t upstream_bad_frees
         uint64_t lost
         uint64_t syncs_counted
@@ -124,8 +126,12 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
         uint64_t released_fence_use
 
     cdef cppclass host_sync_on_free:
-        host_sync_on_free(sync_mode, optional[size_t], size_t, size_t, optional[size_t]) except +
+        host_sync_on_free(
+            sync_mode, optional[size_t], size_t, size_t, optional[size_t], bool
+        ) except +
         void* allocate(uintptr_t, size_t, size_t) except +MemoryError
+        uint64_t reuses()
+        uint64_t unsafe_reuses()
         free_result deallocate(uintptr_t, void*, size_t, size_t, int64_t*) except +
         void deallocate_unchecked(uintptr_t, void*, size_t, size_t) except +
         size_t flush() except +
@@ -148,22 +154,24 @@ cdef class HostSyncOnFree:
     Streams are handles (ints); handle 2 is the per-thread default stream, a different stream
     for each simulated thread (:meth:`set_thread`). Each free first launches "work" on its
     stream that uses the block; the upstream logs whether that work had completed when it got
-    the block back. ``max_batch_frees`` and ``max_batch_bytes`` are the adaptor's (same
-    defaults, same checks).
+    the block back. ``max_batch_frees``, ``max_batch_bytes`` and ``reuse_on_stream`` are the
+    adaptor's (same defaults, same checks). :attr:`reuses` checks every pending block handed
+    out again.
     """
 
     cdef unique_ptr[host_sync_on_free] c_obj
 
     def __cinit__(self, mode="deferred", max_pending_bytes=None, size_t upstream_limit=1 << 40,
                   max_batch_frees=default_max_batch_frees,
-                  max_batch_bytes=default_max_batch_bytes):
+                  max_batch_bytes=default_max_batch_bytes, bint reuse_on_stream=True):
         cdef optional[size_t] cap
         cdef size_t c_batch_frees = batch_frees_from(max_batch_frees)
         cdef optional[size_t] c_batch_bytes = batch_bytes_from(max_batch_bytes)
         if max_pending_bytes is not None:
             cap = <size_t>max_pending_bytes
         self.c_obj.reset(new host_sync_on_free(
-            mode_from_name(mode), cap, upstream_limit, c_batch_frees, c_batch_bytes))
+            mode_from_name(mode), cap, upstream_limit, c_batch_frees, c_batch_bytes,
+            reuse_on_stream))
 
     @property
     def max_batch_frees(self) -> int:
@@ -360,6 +368,13 @@ cdef class HostSyncOnFree:
             "records": b.records,
             "released_fence_use": b.released_fence_use,
         }
+
+    @property
+    def reuses(self) -> dict:
+        """Pending blocks handed out again without passing through the upstream (``reuses``)
+        and, of those, the ones handed to another stream (or a capture) before the work that
+        used them ended (``unsafe``)."""
+        return {"reuses": deref(self.c_obj).reuses(), "unsafe": deref(self.c_obj).unsafe_reuses()}
 
     @property
     def releases(self) -> list:

@@ -32,6 +32,7 @@ SHOWN = {
     "max_pending_bytes": lambda mr: mr.max_pending_bytes,
     "max_batch_frees": lambda mr: mr.max_batch_frees,
     "max_batch_bytes": lambda mr: mr.max_batch_bytes,
+    "reuse_on_stream": lambda mr: mr.reuse_on_stream,
     "initial_pool_size": lambda mr: mr.pool_size(),  # 0: nothing taken at construction
     "maximum_pool_size": lambda mr: mr.maximum_pool_size,
     "maximum_growth_size": lambda mr: mr.maximum_growth_size,

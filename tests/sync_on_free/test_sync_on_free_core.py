@@ -8,6 +8,7 @@ differs (a fence board instead of CUDA events, a byte-limited host allocator as 
 import math
 
 import pytest
+import rmm
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -16,6 +17,8 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
+from rmm_fences import SyncOnFreeResourceAdaptor
 
 from helpers.stateful import machine_settings
 from rmm_fences_testing import HostSyncOnFree
@@ -36,8 +39,10 @@ class SyncOnFreeModel(RuleBasedStateMachine):
     once the core gave it back) or not.
 
     Invariants: no block reaches the upstream before the work that used it completed (its
-    fence signalled, or a successful wait or sync covered it); every freed block is either
-    pending or released exactly once; no bad free reaches the upstream or changes anything;
+    fence signalled, or a successful wait or sync covered it); no pending block is handed out
+    again but to the very stream that used it last, outside capture (same-stream reuse), or
+    once that work completed; every freed block is either pending, released exactly once or
+    handed out again; no bad free reaches the upstream or changes anything;
     the syncs counted are the syncs that succeeded, the fences counted the records made; no
     identity query on a capturing stream; no fence tested, waited on or recorded after the
     core gave it back.
@@ -50,13 +55,19 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         batch_frees=st.sampled_from([1, 2, 3, 16]),
         batch_bytes=st.sampled_from([None, 1500, 1 << 26]),
         recycle=st.booleans(),
+        reuse=st.booleans(),
     )
-    def setup(self, mode, cap, limit, batch_frees, batch_bytes, recycle):
+    def setup(self, mode, cap, limit, batch_frees, batch_bytes, recycle, reuse):
         HostSyncOnFree.set_thread(0)
         self.thread = 0
         self.mode, self.cap, self.limit = mode, cap, limit
         self.h = HostSyncOnFree(
-            mode, cap, limit, max_batch_frees=batch_frees, max_batch_bytes=batch_bytes
+            mode,
+            cap,
+            limit,
+            max_batch_frees=batch_frees,
+            max_batch_bytes=batch_bytes,
+            reuse_on_stream=reuse,
         )
         self.h.recycle_fences = recycle
         self.live = {}  # allocation number -> (ptr, size); numbers keep draws reproducible
@@ -87,7 +98,9 @@ class SyncOnFreeModel(RuleBasedStateMachine):
             assert self.h.upstream_used + size > self.limit
             return
         self.absorb()
-        assert ptr not in self.pending, "a pending block was handed out again"
+        if ptr in self.pending:  # taken back by the stream that freed it
+            _, pending_size = self.pending.pop(ptr)
+            assert pending_size == size and self.h.reuses["unsafe"] == 0
         assert all(p != ptr for p, _ in self.live.values())
         self.live[self.allocations] = (ptr, size)
         self.allocations += 1
@@ -107,6 +120,28 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         self.absorb()
         if fence is not None:
             assert ptr in self.pending
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), stream=STREAMS, then=st.none() | STREAMS)
+    def free_then_allocate_its_size(self, data, stream, then):
+        """The CUB temp-storage loop (a free, then an allocation of its size on the same
+        stream: `then` None), or the allocation on another stream, which must not get the
+        block early."""
+        num = data.draw(st.sampled_from(sorted(self.live)))
+        ptr, size = self.live.pop(num)
+        self.h.deallocate(ptr, size, stream)
+        self.pending[ptr] = (num, size)
+        self.absorb()
+        self.allocate(size, stream if then is None else then)
+
+    @precondition(lambda self: self.pending)
+    @rule(data=st.data(), stream=STREAMS)
+    def allocate_the_size_of_a_pending_block(self, data, stream):
+        """Whatever came between (a handle given to a new stream, a capture, another thread,
+        signals), an allocation of a pending block's size: only its own stream, outside
+        capture, may get it back before its work ended."""
+        sizes = sorted({size for _, size in self.pending.values()})
+        self.allocate(data.draw(st.sampled_from(sizes)), stream)
 
     @precondition(lambda self: len(self.live) > 1)
     @rule(stream=STREAMS)
@@ -194,6 +229,7 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         assert self.h.live_count == len(self.live)
         assert self.h.stats["peak_pending_bytes"] >= self.h.pending_bytes
         assert self.h.upstream_bad_frees == 0, "a bad free reached the upstream"
+        assert self.h.reuses["unsafe"] == 0, "a pending block went to another stream early"
 
     @invariant()
     def syncs_counted_are_syncs_that_succeeded(self):
@@ -340,7 +376,7 @@ def test_consecutive_frees_on_one_stream_share_a_fence():
 @pytest.mark.parametrize("k", [1, 2, 5, 16])
 @pytest.mark.parametrize("n", [1, 7, 48, 100])
 def test_n_frees_record_at_most_ceil_n_over_k_fences(n, k):
-    h = HostSyncOnFree("deferred", max_batch_frees=k, max_batch_bytes=None)
+    h = HostSyncOnFree("deferred", max_batch_frees=k, max_batch_bytes=None, reuse_on_stream=False)
     for _ in range(n):
         h.deallocate(h.allocate(64, stream=1), 64, stream=1)
         h.allocate(8, stream=1)  # allocations test fences, never record one
@@ -355,7 +391,9 @@ def test_n_frees_record_at_most_ceil_n_over_k_fences(n, k):
 
 
 def test_byte_limit_records_the_fence_of_a_batch():
-    h = HostSyncOnFree("deferred", max_batch_frees=1000, max_batch_bytes=1000)
+    h = HostSyncOnFree(
+        "deferred", max_batch_frees=1000, max_batch_bytes=1000, reuse_on_stream=False
+    )
     for _ in range(21):
         h.deallocate(h.allocate(300, stream=1), 300, stream=1)
     # the stream's first free is fenced alone; then every 4th free (1200 >= 1000 bytes)
@@ -442,7 +480,7 @@ def test_flush_fences_the_default_streams_batch_without_a_device_sync():
 
 
 def test_cap_fences_the_calling_streams_batch_and_waits_for_the_oldest():
-    h = HostSyncOnFree("deferred", max_pending_bytes=250, max_batch_frees=16)
+    h = HostSyncOnFree("deferred", max_pending_bytes=250, max_batch_frees=16, reuse_on_stream=False)
     for _ in range(10):
         h.deallocate(h.allocate(100, stream=1), 100, stream=1)
         assert h.pending_bytes <= 250
@@ -527,7 +565,7 @@ def test_another_threads_per_thread_stream_does_not_fence_a_batch():
 
 
 def test_one_identity_query_per_batch_not_per_free():
-    h = HostSyncOnFree("deferred", max_batch_frees=10, max_batch_bytes=None)
+    h = HostSyncOnFree("deferred", max_batch_frees=10, max_batch_bytes=None, reuse_on_stream=False)
     for _ in range(41):
         h.deallocate(h.allocate(64, stream=1), 64, stream=1)
     # the first free, then one per batch record (it covers frees of earlier calls)
@@ -566,7 +604,7 @@ PAIR_CALLS_PER_BATCH = {
 @pytest.mark.parametrize("nbytes", sorted(PAIR_CALLS_PER_BATCH))
 @pytest.mark.parametrize("fences", ["complete_next_call", "complete_at_record"])
 def test_steady_state_pair_calls(nbytes, fences):
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", reuse_on_stream=False)
     h.recycle_fences = True
     h.run_pairs(nbytes, 3 * 16, fences=fences)  # warm-up: the stream's identity, a few batches
     batches = 4
@@ -596,7 +634,7 @@ def test_a_recording_free_tests_earlier_fences_before_its_record(lag):
     # complete goes back to the pool and is the one recorded, so the pairs keep the fences of
     # the last lag + 1 pairs and no more (a test after the record keeps one more fence, and
     # records each fence while the previous one of the stream is still unobserved).
-    h = HostSyncOnFree("deferred")
+    h = HostSyncOnFree("deferred", reuse_on_stream=False)
     h.recycle_fences = True
     h.run_pairs(64 << 20, 3 * 16, lag=lag)  # warm-up: the stream's identity, the fence pool
     calls = h.run_pairs(64 << 20, 4 * 16, lag=lag)
@@ -628,7 +666,7 @@ def test_steady_state_pairs_make_no_heap_allocation(nbytes, pending, cap_blocks)
     # cap_blocks: max_pending_bytes of that many blocks, so that frees wait for the oldest
     # fences (with fences pending)
     cap = None if cap_blocks is None else cap_blocks * nbytes
-    h = HostSyncOnFree("deferred", max_pending_bytes=cap)
+    h = HostSyncOnFree("deferred", max_pending_bytes=cap, reuse_on_stream=False)
     h.recycle_fences = True
     # warm-up: the stream's queue, its identity, fence slots and the scratch storage of
     # releases grow to what the steady state needs; counted, which shows the count works
@@ -643,17 +681,20 @@ def test_steady_state_pairs_make_no_heap_allocation(nbytes, pending, cap_blocks)
     assert h.pending_count == 0 and work_done_everywhere(h)
 
 
+@pytest.mark.parametrize("reuse", [False, True])
 @pytest.mark.parametrize("fail_every", [1, 2, 3, 7])
 @pytest.mark.parametrize("nbytes", [256, 64 << 20])
-def test_host_allocations_that_fail_lose_no_block(nbytes, fail_every):
+def test_host_allocations_that_fail_lose_no_block(nbytes, fail_every, reuse):
     # every fail_every-th heap allocation of the core fails, from a fresh core (its queue, fence
     # slots and buffers cannot grow): frees fall back to a fence waited on at once, or stay
-    # listed for a later call; none is lost or released early
-    h = HostSyncOnFree("deferred")
+    # listed for a later call; a block taken back that cannot be tracked is freed again; none
+    # is lost or released early
+    h = HostSyncOnFree("deferred", reuse_on_stream=reuse)
     h.recycle_fences = True
     calls = h.run_pairs(nbytes, 8 * 16, lag=5, fail_heap_every=fail_every)
-    assert calls["heap_failures"] > 0, calls
-    assert calls["upstream_deallocate"] > 0, calls
+    # (taking blocks back, the loop needs no heap once its first pairs ran)
+    assert calls["heap_failures"] > 0 or reuse, calls
+    assert calls["upstream_deallocate"] > 0 or reuse, calls
     assert work_done_everywhere(h)
     assert h.upstream_used == h.pending_bytes  # no block lost (allocation failures freed none)
     h.flush()
@@ -667,7 +708,7 @@ def test_run_pairs_lag_needs_fences_complete_next_call():
 
 
 def test_a_fence_shared_by_a_batch_is_recycled_once_after_its_last_block():
-    h = HostSyncOnFree("deferred", max_batch_frees=4, max_pending_bytes=150)
+    h = HostSyncOnFree("deferred", max_batch_frees=4, max_pending_bytes=150, reuse_on_stream=False)
     h.recycle_fences = True
     for _ in range(40):
         h.deallocate(h.allocate(100, stream=1), 100, stream=1)
@@ -987,7 +1028,7 @@ def test_failed_record_while_arming_keeps_the_block_parked():
 
 
 def test_one_identity_query_per_stream_not_per_free():
-    h = HostSyncOnFree("deferred", **PER_FREE)
+    h = HostSyncOnFree("deferred", **PER_FREE, reuse_on_stream=False)
     for _ in range(50):
         h.deallocate(h.allocate(64, stream=1), 64, stream=1)
     assert h.board_counts["identity_queries"] == 1
@@ -1082,6 +1123,8 @@ def test_threads_race_frees_polls_flushes_captures_and_faults(mode, batch_frees)
     r = h.run_threads(workers=4, iterations=3000, random_state=7)
     assert r["frees"] > 1000
     assert r["unsafe_releases"] == 0, r
+    assert r["unsafe_reuses"] == 0, r
+    assert r["reuses"] > 0 or h.stats["same_stream_reuse"] == 0, r
     assert r["upstream_bad_frees"] == 0, r
     assert r["pending_after_flush"] == 0 and r["lost"] == 0, r
     assert r["syncs_counted"] == r["syncs_succeeded"], r
@@ -1089,3 +1132,112 @@ def test_threads_race_frees_polls_flushes_captures_and_faults(mode, batch_frees)
     assert r["released_fence_use"] == 0, r
     assert h.stats["failed_syncs"] > 0  # the faults were hit
     assert h.upstream_used == 0 and h.live_count == 0
+
+
+# --- same-stream reuse: the block freed last on a stream, taken back by that stream ----------
+
+
+def warm(h, stream):
+    """The first free on a stream records its fence and notes its identity."""
+    h.deallocate(h.allocate(64, stream), 64, stream)
+
+
+def test_the_cub_loop_takes_its_block_back_without_a_fence_or_the_upstream():
+    h = HostSyncOnFree("deferred")
+    warm(h, 1)
+    p = h.allocate(4096, 1)
+    h.deallocate(p, 4096, 1)
+    records, upstream = h.board_counts["records"], len(h.releases)
+    for _ in range(100):
+        q = h.allocate(4096, 1)  # the temp storage of one step
+        assert q == p
+        h.deallocate(q, 4096, 1)
+    assert h.board_counts["records"] == records, "no event recorded in the loop"
+    assert len(h.releases) == upstream and h.upstream_used == 4096 + 64
+    assert h.stats["same_stream_reuse"] == 100
+    assert h.reuses == {"reuses": 100, "unsafe": 0}
+
+
+def freed_on_stream_1(h, nbytes=4096):
+    warm(h, 1)
+    p = h.allocate(nbytes, 1)
+    h.deallocate(p, nbytes, 1)
+    return p
+
+
+@pytest.mark.parametrize(
+    "between, stream",
+    [
+        (lambda h: None, 3),  # another stream
+        (lambda h: h.reuse_handle(1), 1),  # the handle given to a new stream
+        (lambda h: h.begin_capture(1), 1),  # the stream captures: its work runs later
+    ],
+    ids=["another_stream", "handle_reused", "capturing"],
+)
+def test_only_the_stream_that_freed_it_outside_capture_takes_it_back(between, stream):
+    h = HostSyncOnFree("deferred")
+    p = freed_on_stream_1(h)
+    between(h)
+    q = h.allocate(4096, stream)
+    h.end_capture(1)
+    assert q != p
+    assert h.reuses == {"reuses": 0, "unsafe": 0} and h.stats["same_stream_reuse"] == 0
+    assert h.pending_count == 2  # the warm-up's block and p, both still waiting
+
+
+def test_another_threads_per_thread_default_stream_does_not_take_it_back():
+    h = HostSyncOnFree("deferred")
+    HostSyncOnFree.set_thread(0)
+    try:
+        warm(h, 2)
+        p = h.allocate(4096, 2)
+        h.deallocate(p, 4096, 2)
+        HostSyncOnFree.set_thread(1)
+        assert h.allocate(4096, 2) != p
+    finally:
+        HostSyncOnFree.set_thread(0)
+    assert h.reuses == {"reuses": 0, "unsafe": 0}
+
+
+def test_only_the_last_block_of_its_size_and_alignment():
+    h = HostSyncOnFree("deferred")
+    warm(h, 1)
+    a, b = h.allocate(4096, 1), h.allocate(8192, 1)
+    h.deallocate(a, 4096, 1)
+    h.deallocate(b, 8192, 1)
+    assert h.allocate(4096, 1) != a, "not the block freed last"
+    assert h.allocate(8192, 1, alignment=512) != b, "another alignment"
+    assert h.allocate(8192, 1) == b
+    assert h.reuses == {"reuses": 1, "unsafe": 0}
+
+
+def test_a_fenced_block_taken_back_gives_its_fence_back_once():
+    h = HostSyncOnFree("deferred", max_batch_frees=1)  # each free records a fence
+    h.recycle_fences = True
+    warm(h, 1)
+    for _ in range(50):
+        p = h.allocate(4096, 1)
+        h.deallocate(p, 4096, 1)
+        assert h.fence_of(p) is not None
+    h.signal_all()
+    h.flush()
+    assert h.stats["same_stream_reuse"] == 49
+    assert h.board_counts["released_fence_use"] == 0, "a fence used after it was given back"
+    assert h.pending_count == 0 and h.upstream_used == 0
+
+
+@pytest.mark.parametrize("mode", ["device", "stream"])
+def test_synchronizing_modes_and_reuse_off_never_take_a_block_back(mode):
+    for h in (HostSyncOnFree(mode), HostSyncOnFree("deferred", reuse_on_stream=False)):
+        warm(h, 1)
+        p = h.allocate(4096, 1)
+        h.deallocate(p, 4096, 1)
+        h.allocate(4096, 1)
+        assert h.stats["same_stream_reuse"] == 0 and h.reuses["reuses"] == 0
+
+
+def test_reuse_on_stream_must_be_a_bool():
+    with pytest.raises(TypeError, match="reuse_on_stream must be True or False, got int"):
+        SyncOnFreeResourceAdaptor(rmm.mr.CudaMemoryResource(), reuse_on_stream=1)
+    mr = SyncOnFreeResourceAdaptor(rmm.mr.CudaMemoryResource(), mode="stream")
+    assert mr.reuse_on_stream is False, "only the deferred mode takes blocks back"

@@ -60,6 +60,26 @@ def test_sync_on_free_fixes_the_race(scenarios, rng, mode):
         assert mr.stats["syncs"] >= 2 * res.trials
 
 
+def test_the_freeing_stream_takes_its_block_back_without_an_event(scenarios, rng):
+    """The race, with the next allocation on the freeing stream itself: it gets the block
+    back at once (same address, no event, no upstream call) and overwrites it while the slow
+    kernel may still read it; the stream runs the overwrite after the kernel, so every
+    checksum matches its float64 reference."""
+    naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
+    mr = SyncOnFreeResourceAdaptor(naive)
+    res = scenarios.race(mr, trials=100, rng=rng, scenario="same_stream_reuse")
+    stats = mr.stats
+    print(f"\nsame-stream reuse: {res.corrupted}/{res.trials} corrupted, {stats}")
+    assert res.corrupted == 0
+    # The stream's first free is fenced alone, before its identity is known: from the second
+    # trial on, every allocation takes back the block freed just before it.
+    assert res.same_address == res.trials - 1
+    assert stats["same_stream_reuse"] == 2 * res.trials - 2
+    assert stats["fences"] <= 1 and naive.misses <= 2
+    mr.flush()
+    assert mr.pending_count == 0
+
+
 def test_deferred_free_does_not_block(cupy, scenarios, rng):
     naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
     mr = SyncOnFreeResourceAdaptor(naive, mode="deferred")
@@ -121,7 +141,10 @@ def test_frees_on_one_stream_share_events_and_no_block_goes_early(cupy, scenario
     trials, k, nbytes, spin_ms = 24, 4, 1 << 20, 2.0
     count = nbytes // 4
     naive = NaiveCachingMemoryResource(rmm.mr.CudaMemoryResource())
-    mr = SyncOnFreeResourceAdaptor(naive, max_batch_frees=k, max_batch_bytes=None)
+    # Batches alone: the blocks are not taken back on s1 (reuse_on_stream=False).
+    mr = SyncOnFreeResourceAdaptor(
+        naive, max_batch_frees=k, max_batch_bytes=None, reuse_on_stream=False
+    )
     s1 = cupy.cuda.Stream(non_blocking=True)
     s2 = cupy.cuda.Stream(non_blocking=True)
     r1, r2 = rmm_stream(s1), rmm_stream(s2)
@@ -221,7 +244,8 @@ def test_out_of_memory_fences_a_live_streams_batch_or_synchronizes_the_device(cu
 def test_max_pending_bytes_caps_the_pending_total(cupy, scenarios):
     # A preallocated pool upstream: no cudaMalloc, whose implicit syncs could retire fences.
     pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=64 << 20)
-    mr = SyncOnFreeResourceAdaptor(pool, max_pending_bytes="3MiB")
+    # The cap alone: s1 does not take its block back (reuse_on_stream=False).
+    mr = SyncOnFreeResourceAdaptor(pool, max_pending_bytes="3MiB", reuse_on_stream=False)
     s1 = cupy.cuda.Stream(non_blocking=True)
     out = cupy.zeros(1, dtype=cupy.float64)
     for _ in range(8):

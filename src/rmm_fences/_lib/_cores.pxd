@@ -60,6 +60,7 @@ cdef extern from "rmm_fences/mr/stats.hpp" namespace "rmm_fences::mr" nogil:
         uint64_t failed_syncs
         uint64_t rejected_frees
         uint64_t fences
+        uint64_t same_stream_reuse
 
     cdef struct stream_ordered_pool_stats:
         uint64_t current_bytes

@@ -51,12 +51,14 @@ cdef extern from "rmm_fences/sync_on_free_resource_adaptor.hpp" \
             optional[size_t] max_pending_bytes,
             size_t max_batch_frees,
             optional[size_t] max_batch_bytes,
+            cbool reuse_on_stream,
         ) except +
         void* allocate(stream_ref stream, size_t nbytes, size_t alignment) except +
         free_result deallocate_checked(stream_ref stream, void* ptr, size_t nbytes) noexcept
         void flush() except +
         size_t max_batch_frees() noexcept
         optional[size_t] max_batch_bytes() noexcept
+        cbool reuse_on_stream() noexcept
         size_t pending_bytes() except +
         size_t pending_count() except +
         sync_on_free_stats stats() except +

@@ -19,6 +19,7 @@ class SyncOnFreeStats(TypedDict):
     failed_syncs: int
     rejected_frees: int
     fences: int
+    same_stream_reuse: int
 
 class SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
     def __init__(
@@ -28,9 +29,12 @@ class SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         max_pending_bytes: int | str | None = None,
         max_batch_frees: int = 16,
         max_batch_bytes: int | str | None = 67108864,
+        reuse_on_stream: bool = True,
     ) -> None: ...
     @property
     def mode(self) -> SyncMode: ...
+    @property
+    def reuse_on_stream(self) -> bool: ...
     @property
     def max_pending_bytes(self) -> int | None: ...
     @property

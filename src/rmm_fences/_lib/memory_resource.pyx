@@ -121,7 +121,11 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
 
     def __cinit__(self, DeviceMemoryResource upstream_mr, mode="deferred",
                   max_pending_bytes=None, max_batch_frees=default_max_batch_frees,
-                  max_batch_bytes=default_max_batch_bytes):
+                  max_batch_bytes=default_max_batch_bytes, reuse_on_stream=True):
+        if not isinstance(reuse_on_stream, bool):
+            raise TypeError(
+                f"reuse_on_stream must be True or False, got {type(reuse_on_stream).__name__}"
+            )
         cdef sync_mode c_mode = mode_from_name(mode)
         cdef optional[size_t] c_cap
         cdef size_t c_batch_frees = batch_frees_from(max_batch_frees)
@@ -136,6 +140,7 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
             c_cap,
             c_batch_frees,
             c_batch_bytes,
+            reuse_on_stream,
         ))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
 
@@ -144,7 +149,8 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
             f"{type(self).__name__}({type(self.get_upstream()).__name__}(), "
             f"mode={self.mode!r}, max_pending_bytes={self.max_pending_bytes!r}, "
             f"max_batch_frees={self.max_batch_frees!r}, "
-            f"max_batch_bytes={self.max_batch_bytes!r})"
+            f"max_batch_bytes={self.max_batch_bytes!r}, "
+            f"reuse_on_stream={self.reuse_on_stream!r})"
         )
 
     @property
@@ -156,6 +162,12 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
     def max_pending_bytes(self):
         """The cap on pending bytes in deferred mode, or ``None``."""
         return self._max_pending_bytes
+
+    @property
+    def reuse_on_stream(self) -> bool:
+        """Deferred mode: an allocation takes back the block freed last on its own stream
+        when it has the same size (``False`` in the other modes)."""
+        return deref(self.c_obj).reuse_on_stream()
 
     @property
     def max_batch_frees(self) -> int:
@@ -241,7 +253,8 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         when none could be recorded), ``peak_pending_bytes``, ``failed_syncs`` (syncs and
         fence waits that failed: nothing was released on them), ``rejected_frees`` (double
         frees, foreign pointers, size mismatches), ``fences`` (events recorded: one per batch
-        of frees on a stream at most).
+        of frees on a stream at most), ``same_stream_reuse`` (allocations served by the block
+        freed last on their own stream: no event, no upstream call).
 
         What the adaptor does, not allocation statistics: for those, ``rmm.statistics``
         (rmm's ``StatisticsResourceAdaptor`` over it, docs/index.md#statistics)."""
@@ -260,7 +273,9 @@ class SyncOnFreeResourceAdaptor(_UpstreamFirst, _SyncOnFreeResourceAdaptor):
         ``"stream"`` synchronizes the freeing stream; ``"deferred"`` (default) returns at
         once: the block goes upstream only after an event recorded on the freeing stream
         after the free completed, checked without blocking on allocate and deallocate calls,
-        and by :meth:`flush`. Consecutive frees on one stream share one event.
+        and by :meth:`flush`. Consecutive frees on one stream share one event, and an
+        allocation takes back the block freed last on its own stream when it is of the same
+        size (no event, no upstream call: the stream orders the new work after the old).
     max_pending_bytes : int or str, optional
         Deferred mode only: once more bytes than this are pending, wait for the oldest
         fences. Accepts ints or strings such as ``"1GiB"``. ``None`` (default): no cap.
@@ -271,6 +286,11 @@ class SyncOnFreeResourceAdaptor(_UpstreamFirst, _SyncOnFreeResourceAdaptor):
         Deferred mode only: the event is also recorded once this many bytes wait for it
         (default 64 MiB, positive; ints or strings such as ``"64MiB"``). ``None``: no byte
         limit.
+    reuse_on_stream : bool, default True
+        Deferred mode only: an allocation takes back the block freed last on its own stream
+        when it has the same size and alignment and the stream is not capturing (the CUB
+        temp-storage loop: no event, no upstream call). ``False``: every block goes upstream
+        once its event completed.
 
     Notes
     -----
@@ -299,7 +319,7 @@ class SyncOnFreeResourceAdaptor(_UpstreamFirst, _SyncOnFreeResourceAdaptor):
 
     def __init__(self, upstream_mr, mode="deferred", max_pending_bytes=None,
                  max_batch_frees=default_max_batch_frees,
-                 max_batch_bytes=default_max_batch_bytes):
+                 max_batch_bytes=default_max_batch_bytes, reuse_on_stream=True):
         pass
 
 

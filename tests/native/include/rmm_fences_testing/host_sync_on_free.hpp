@@ -470,6 +470,17 @@ class host_upstream {
     return last_use.emplace(p, use).second;
   }
 
+  /// Takes the last use noted for `p` (freed, not released): the block is handed out again.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> take_last_use(std::uintptr_t p)
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    auto it = last_use.find(p);
+    if (it == last_use.end()) { return std::nullopt; }
+    auto const use = it->second;
+    last_use.erase(it);
+    return use;
+  }
+
   /// True while `p` was freed (noted) and not released yet.
   [[nodiscard]] bool noted(std::uintptr_t p) const
   {
@@ -547,6 +558,8 @@ class host_upstream {
 struct thread_run_result {
   std::uint64_t frees{};
   std::uint64_t unsafe_releases{};  ///< blocks that reached the upstream before their work ended
+  std::uint64_t reuses{};           ///< pending blocks handed out again without the upstream
+  std::uint64_t unsafe_reuses{};    ///< of those, on another stream before their work ended
   std::uint64_t upstream_bad_frees{};
   std::uint64_t lost{};  ///< bytes neither live, pending nor returned at the end
   std::uint64_t syncs_counted{};
@@ -567,18 +580,42 @@ class host_sync_on_free {
                     std::optional<std::size_t> max_pending_bytes,
                     std::size_t upstream_limit,
                     std::size_t max_batch_frees,
-                    std::optional<std::size_t> max_batch_bytes)
+                    std::optional<std::size_t> max_batch_bytes,
+                    bool reuse_on_stream = true)
     : board_{std::make_shared<fence_board>()},
       core_{host_upstream{upstream_limit, board_},
             mode,
             max_pending_bytes,
             rmm_fences::mr::detail::batch_limits{max_batch_frees, max_batch_bytes},
+            reuse_on_stream,
             board_}
   {
   }
 
+  /// Allocates, and checks a pending block handed out again (`check_reuse`).
   void* allocate(std::uintptr_t stream, std::size_t bytes, std::size_t alignment)
-  { return core_.allocate(stream, bytes, alignment); }
+  {
+    void* p = core_.allocate(stream, bytes, alignment);
+    check_reuse(stream, p);
+    return p;
+  }
+
+  /**
+   * @brief The oracle of a block handed out again while pending (freed, its last use noted,
+   * not released upstream): safe only for the very stream that used it last (same identity,
+   * not capturing: its new work queues after the old) or once that work is done.
+   */
+  void check_reuse(std::uintptr_t stream, void* p)
+  {
+    auto const use = core_.upstream().take_last_use(reinterpret_cast<std::uintptr_t>(p));
+    if (!use.has_value()) { return; }
+    reuses_.fetch_add(1);
+    bool const same = board_->resolve(stream) == use->first && !board_->is_capturing(stream);
+    if (!same && !board_->done(use->first, use->second)) { unsafe_reuses_.fetch_add(1); }
+  }
+
+  [[nodiscard]] std::uint64_t reuses() const noexcept { return reuses_.load(); }
+  [[nodiscard]] std::uint64_t unsafe_reuses() const noexcept { return unsafe_reuses_.load(); }
 
   /**
    * @brief Launches work that uses `ptr` on `stream`, then frees it (checked).
@@ -686,10 +723,11 @@ class host_sync_on_free {
         for (int i = 0; i < iterations; ++i) {
           auto const r = rng() % 100;
           if (r < 45 || live.empty()) {
-            std::size_t const bytes = 64 + rng() % 4096;
+            // Half of one of four sizes: the block freed last on a stream is often taken back.
+            std::size_t const bytes = (rng() % 2) ? 256 * (1 + rng() % 4) : 64 + rng() % 4096;
             std::uintptr_t const s  = (rng() % 2) ? own : per_thread_handle;
             try {
-              live.emplace_back(core_.allocate(s, bytes, 256), bytes, s);
+              live.emplace_back(allocate(s, bytes, 256), bytes, s);
             } catch (host_out_of_memory const&) {
             }
           } else if (r < 90) {
@@ -778,6 +816,8 @@ class host_sync_on_free {
     out.syncs_succeeded      = board_->waits_ok + board_->syncs_ok;
     out.invalidated_captures = board_->invalidated_captures;
     out.released_fence_use   = board_->released_fence_use;
+    out.reuses               = reuses_.load();
+    out.unsafe_reuses        = unsafe_reuses_.load();
     return out;
   }
 
@@ -874,9 +914,11 @@ class host_sync_on_free {
  private:
   std::shared_ptr<fence_board> board_;
   core_type core_;
-  std::vector<std::uint64_t> pair_starts_;  ///< `run_pairs` with a lag: the stream's work
-                                            ///< enqueued when each pair began
-  std::uintptr_t pairs_stream_{};           ///< the stream of the last `run_pairs`
+  std::atomic<std::uint64_t> reuses_{};         // pending blocks handed out again
+  std::atomic<std::uint64_t> unsafe_reuses_{};  // of those, before their work ended elsewhere
+  std::vector<std::uint64_t> pair_starts_;      ///< `run_pairs` with a lag: the stream's work
+                                                ///< enqueued when each pair began
+  std::uintptr_t pairs_stream_{};               ///< the stream of the last `run_pairs`
 };
 
 }  // namespace rmm_fences::testing

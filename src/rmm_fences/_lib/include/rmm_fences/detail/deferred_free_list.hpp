@@ -323,6 +323,43 @@ class deferred_free_list {
     }
   }
 
+  /**
+   * @brief The identity of the stream `stream` when the block freed last on it is one that
+   * `take_last_freed` may take for `bytes` at `alignment`; else `unknown_stream`.
+   */
+  [[nodiscard]] std::uint64_t last_freed_id(stream_key stream,
+                                            std::size_t bytes,
+                                            std::size_t alignment) const noexcept
+  {
+    auto const* q = queues_.find(stream);
+    return q == nullptr || q->entries.empty() ? unknown_stream : reusable(*q, bytes, alignment);
+  }
+
+  /**
+   * @brief Takes the block freed last on `stream` when it is `bytes` at `alignment`, batched
+   * or fenced (not parked), and noted with the identity `stream_id` (known, asked of the
+   * stream outside capture by the caller): an allocation on that very stream may use it at
+   * once, the stream ordering its new work after the work that used the block. Its reference
+   * to a shared fence is dropped.
+   */
+  std::optional<deferred_block> take_last_freed(FenceOps& ops,
+                                                stream_key stream,
+                                                std::uint64_t stream_id,
+                                                std::size_t bytes,
+                                                std::size_t alignment) noexcept
+  {
+    auto* q = queues_.find(stream);
+    if (stream_id == unknown_stream || q == nullptr || q->entries.empty() ||
+        reusable(*q, bytes, alignment) != stream_id) {
+      return std::nullopt;
+    }
+    auto const it    = queues_.last(*q);
+    auto const taken = *it;
+    queues_.remove(*q, it);
+    slots_.drop(ops, taken.slot);
+    return taken.block;
+  }
+
   /// True when a block starting at `ptr` is listed (its free is pending).
   [[nodiscard]] bool contains(void const* ptr) const noexcept
   { return queues_.lookup(ptr) != nullptr; }
@@ -341,6 +378,17 @@ class deferred_free_list {
   [[nodiscard]] std::size_t pending_count() const noexcept { return queues_.pending_count(); }
 
  private:
+  /// The identity noted with the last entry of the non-empty `q` when it is a batched or
+  /// fenced block of `bytes` at `alignment`; else `unknown_stream`.
+  [[nodiscard]] static std::uint64_t reusable(typename deferred::queue<fence_type> const& q,
+                                              std::size_t bytes,
+                                              std::size_t alignment) noexcept
+  {
+    auto const& e   = q.entries.at(q.entries.size() - 1);
+    bool const fits = !e.parked && e.block.bytes == bytes && e.block.alignment == alignment;
+    return fits ? e.stream_id : unknown_stream;
+  }
+
   using queue = typename deferred::stream_queues<fence_type>::queue_type;
 
   /// `release_ready` on one queue: its leading ready fenced entries, unfenced ones skipped.

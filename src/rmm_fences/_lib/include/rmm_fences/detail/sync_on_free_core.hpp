@@ -98,6 +98,11 @@ std::pair<void*, bool> allocate_with_drain(TryAllocate&& try_allocate, Drain&& d
  * invalidate the capture); a block parked on a stream never seen outside capture has no known
  * identity and stays parked until a device synchronization succeeds (`drain`).
  *
+ * In deferred mode an allocation first takes back the block freed last on its stream when it
+ * is of the same bytes and alignment, batched or fenced, and the stream is the very one that
+ * freed it (same key and identity, asked outside capture): stream order puts the new owner's
+ * work after the old, so no fence is needed and the upstream is not called.
+ *
  * Frees are checked against the blocks handed out (ptr -> bytes): a double free, a foreign
  * pointer or a size mismatch is rejected before any fence or upstream call.
  *
@@ -115,15 +120,19 @@ class sync_on_free_core {
   using entry       = typename list_type::entry;
   using buffer      = typename list_type::entry_buffer;
 
+  /// `reuse_on_stream`: in deferred mode, an allocation may take back the block freed last on
+  /// its own stream (`take_back`).
   template <typename... PlatformArgs>
   sync_on_free_core(Upstream upstream,
                     rmm_fences::mr::sync_mode mode,
                     std::optional<std::size_t> max_pending_bytes,
                     batch_limits batch,
+                    bool reuse_on_stream,
                     PlatformArgs&&... platform_args)
     : platform_(std::forward<PlatformArgs>(platform_args)...),
       upstream_{std::move(upstream)},
       mode_{mode},
+      reuse_on_stream_{reuse_on_stream && mode == rmm_fences::mr::sync_mode::deferred},
       batcher_{platform_,
                upstream_,
                counts_,
@@ -136,9 +145,11 @@ class sync_on_free_core {
   sync_on_free_core(sync_on_free_core const&)            = delete;
   sync_on_free_core& operator=(sync_on_free_core const&) = delete;
 
-  /// Polls when due, then allocates from the upstream; on out-of-memory drains and retries once.
+  /// In deferred mode, first the block freed last on `stream` (`take_back`); then polls when
+  /// due and allocates from the upstream; on out-of-memory drains and retries once.
   [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment)
   {
+    if (void* ptr = take_back(stream, bytes, alignment); ptr != nullptr) { return ptr; }
     // Nothing to test: no capture test either (the out-of-memory path makes its own).
     if (list().poll_due() && !platform_.is_capturing(stream)) { batcher_.poll(stream); }
     auto [ptr, retried] = allocate_with_drain<typename Platform::out_of_memory>(
@@ -210,6 +221,9 @@ class sync_on_free_core {
 
   [[nodiscard]] rmm_fences::mr::sync_mode mode() const noexcept { return mode_; }
 
+  /// Whether an allocation may take back the block freed last on its stream (deferred mode).
+  [[nodiscard]] bool reuse_on_stream() const noexcept { return reuse_on_stream_; }
+
   [[nodiscard]] std::optional<std::size_t> max_pending_bytes() const noexcept
   { return list().max_pending_bytes(); }
 
@@ -247,6 +261,33 @@ class sync_on_free_core {
 
  private:
   using no_fence_rule = sync_on_free::no_fence_rule;
+
+  /**
+   * @brief Deferred mode: the pending block freed last on `stream`, when it is of `bytes` at
+   * `alignment` and `stream` is the very stream that freed it (same key and identity, not
+   * capturing); nullptr otherwise. The stream orders the new owner's work after the work that
+   * used the block, so it needs no fence and never reaches the upstream in between (the CUB
+   * temp-storage loop: one free and one allocation of one size per step).
+   */
+  void* take_back(stream_type stream, std::size_t bytes, std::size_t alignment)
+  {
+    if (!reuse_on_stream_ || bytes == 0) { return nullptr; }
+    auto const key = platform_.key(stream);
+    auto const id  = list().last_freed_id(key, bytes, alignment);
+    // The identity is asked only outside capture (a query would invalidate the capture).
+    if (!id.has_value() || platform_.is_capturing(stream) || platform_.stream_id(stream) != *id) {
+      return nullptr;
+    }
+    auto const block = list().take_last_freed(key, *id, bytes, alignment);
+    if (!block.has_value()) { return nullptr; }  // another thread took it first
+    try {
+      live_.insert(block->ptr, bytes);
+    } catch (...) {  // no host memory to track it: freed again, as its owner would
+      batcher_.defer(stream, *block, /*fence_now=*/false, no_fence_rule::sync_stream);
+      throw;
+    }
+    return block->ptr;
+  }
 
   [[nodiscard]] sync_on_free::pending_list<Platform>& list() noexcept { return batcher_.list(); }
   [[nodiscard]] sync_on_free::pending_list<Platform> const& list() const noexcept
@@ -295,6 +336,7 @@ class sync_on_free_core {
   Platform platform_;
   Upstream upstream_;
   rmm_fences::mr::sync_mode mode_;
+  bool reuse_on_stream_;
   sync_on_free::counters counts_;
   sync_on_free::fence_batcher<Platform, Upstream> batcher_;
   sync_on_free::live_blocks live_;

@@ -36,11 +36,13 @@ class sync_on_free_resource_adaptor_impl {
                                      sync_mode mode,
                                      std::optional<std::size_t> max_pending_bytes,
                                      std::size_t max_batch_frees,
-                                     std::optional<std::size_t> max_batch_bytes)
+                                     std::optional<std::size_t> max_batch_bytes,
+                                     bool reuse_on_stream)
     : core_{std::move(upstream),
             mode,
             max_pending_bytes,
             batch_limits{max_batch_frees, max_batch_bytes},
+            reuse_on_stream,
             rmm::get_current_cuda_device()}
   {
   }
@@ -147,6 +149,8 @@ class sync_on_free_resource_adaptor_impl {
   [[nodiscard]] std::size_t max_batch_frees() const noexcept { return core_.max_batch_frees(); }
   [[nodiscard]] std::optional<std::size_t> max_batch_bytes() const noexcept
   { return core_.max_batch_bytes(); }
+
+  [[nodiscard]] bool reuse_on_stream() const noexcept { return core_.reuse_on_stream(); }
   [[nodiscard]] std::size_t pending_bytes() const { return core_.pending_bytes(); }
   [[nodiscard]] std::size_t pending_count() const { return core_.pending_count(); }
   [[nodiscard]] std::size_t live_count() const { return core_.live_count(); }

@@ -170,6 +170,10 @@ class stream_queues {
     return q.entries.erase(it);
   }
 
+  /// The last entry of the non-empty `q` (the block freed last on its stream).
+  [[nodiscard]] static iterator last(queue_type& q) noexcept
+  { return iterator{&q.entries, q.entries.size() - 1}; }
+
   [[nodiscard]] queue_type const* find(stream_key stream) const
   {
     for (auto const& [key, q] : queues_) {

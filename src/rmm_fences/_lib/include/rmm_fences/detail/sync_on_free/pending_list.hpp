@@ -24,7 +24,7 @@ namespace rmm_fences::mr::detail::sync_on_free {
  * @brief The blocks freed and not yet handed to the upstream, behind one mutex.
  *
  * Lock rule: `mutex_` guards `list_`, `ids_` and the counts `parked_`, `deferred_`,
- * `peak_pending_bytes_`. Each public member takes it once and returns with it released;
+ * `reused_`, `peak_pending_bytes_`. Each public member takes it once and returns with it released;
  * members ending in `_locked` expect it held. Under it run only non-blocking fence calls
  * (`ready`, `release_fence`) and pushes into the caller's buffers, whose spill cache takes its
  * own spin lock (order: `mutex_`, then the spill cache's). No fence record, wait,
@@ -227,6 +227,34 @@ class pending_list {
     }
   }
 
+  /// The identity noted with the block freed last on the stream `key` when an allocation of
+  /// `bytes` at `alignment` on that very stream may take it back; empty otherwise.
+  [[nodiscard]] std::optional<std::uint64_t> last_freed_id(key_type key,
+                                                           std::size_t bytes,
+                                                           std::size_t alignment) const
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto const id = list_.last_freed_id(key, bytes, alignment);
+    return id == unknown_stream ? std::nullopt : std::optional<std::uint64_t>{id};
+  }
+
+  /// Takes back, for an allocation of `bytes` at `alignment` on the stream `key` of identity
+  /// `id` (asked of it outside capture), the block freed last on it
+  /// (`deferred_free_list::take_last_freed`); empty when it is no longer there.
+  [[nodiscard]] std::optional<deferred_block> take_last_freed(key_type key,
+                                                              std::uint64_t id,
+                                                              std::size_t bytes,
+                                                              std::size_t alignment)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto block = list_.take_last_freed(platform_, key, id, bytes, alignment);
+    if (block.has_value()) {
+      ++reused_;
+      list_changed_locked(/*peak=*/false);
+    }
+    return block;
+  }
+
   /// Drops the fence references of blocks taken out and released since.
   void settle(buffer& blocks) noexcept
   {
@@ -292,6 +320,7 @@ class pending_list {
     std::lock_guard<std::mutex> lock(mutex_);
     s.deferred           = deferred_;
     s.parked             = parked_;
+    s.same_stream_reuse  = reused_;
     s.peak_pending_bytes = peak_pending_bytes_;
   }
 
@@ -358,6 +387,7 @@ class pending_list {
   list_type list_;
   std::uint64_t parked_{};
   std::uint64_t deferred_{};
+  std::uint64_t reused_{};
   std::uint64_t peak_pending_bytes_{};
   pointer_map<std::uint64_t> ids_{64};   // stream key + 1 -> identity
   std::atomic<std::size_t> pollable_{};  // fenced + armable entries, read without the lock
