@@ -80,6 +80,10 @@ def run_replay(out):
             trace_peak_live=b.first["trace_peak_live_bytes"],
             errors=b.first["errors"],
         )
+        try:
+            row["event_records_per_free"] = b.track_event_records_per_free(trace, chain)
+        except NotImplementedError:
+            pass  # its top resource counts no events
         stats = getattr(b.mr, "stats", None)
         if isinstance(stats, dict):
             row["stats"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}

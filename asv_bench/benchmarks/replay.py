@@ -112,6 +112,21 @@ class Replay:
 
     track_allocations_per_s.unit = "calls/s"
 
+    def track_event_records_per_free(self, trace, chain):
+        """Events the chain's top resource recorded per free over one free-running replay (its
+        ``stats["fences"]``: the pool, the tracker and SyncOnFree count them; a chain whose top
+        counts none skips). Every block is freed: what the log leaves live, after it."""
+        from rmm_fences_bench import replay
+
+        stats = getattr(self.mr, "stats", None)
+        if not isinstance(stats, dict) or "fences" not in stats:
+            raise NotImplementedError(f"{chain}: its top resource counts no events")
+        before = stats["fences"]
+        replay(self.mr, self.trace)
+        return (self.mr.stats["fences"] - before) / max(self.trace.allocations, 1)
+
+    track_event_records_per_free.unit = "events/free"
+
     def track_footprint_mib(self, trace, chain):
         return self.first["footprint_bytes"] / 2**20
 
