@@ -1134,7 +1134,7 @@ def test_threads_race_frees_polls_flushes_captures_and_faults(mode, batch_frees)
     assert h.upstream_used == 0 and h.live_count == 0
 
 
-# --- same-stream reuse: the block freed last on a stream, taken back by that stream ----------
+# --- same-stream reuse: a block freed lately on a stream, taken back by that stream --------
 
 
 def warm(h, stream):
@@ -1199,15 +1199,20 @@ def test_another_threads_per_thread_default_stream_does_not_take_it_back():
     assert h.reuses == {"reuses": 0, "unsafe": 0}
 
 
-def test_only_the_last_block_of_its_size_and_alignment():
+def test_the_latest_block_of_its_size_and_alignment_among_the_last_16_frees():
     h = HostSyncOnFree("deferred")
     warm(h, 1)
     a, b = h.allocate(4096, 1), h.allocate(8192, 1)
     h.deallocate(a, 4096, 1)
     h.deallocate(b, 8192, 1)
-    assert h.allocate(4096, 1) != a, "not the block freed last"
     assert h.allocate(8192, 1, alignment=512) != b, "another alignment"
-    assert h.allocate(8192, 1) == b
+    assert h.allocate(4096, 1) == a, "freed before b: still among the last 16"
+    c = h.allocate(2048, 1)
+    h.deallocate(c, 2048, 1)
+    later = [(h.allocate(3072 + 256 * i, 1), 3072 + 256 * i) for i in range(16)]
+    for ptr, nbytes in later:
+        h.deallocate(ptr, nbytes, 1)
+    assert h.allocate(2048, 1) != c, "17 frees back: not looked at"
     assert h.reuses == {"reuses": 1, "unsafe": 0}
 
 

@@ -165,8 +165,8 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
 
     @property
     def reuse_on_stream(self) -> bool:
-        """Deferred mode: an allocation takes back the block freed last on its own stream
-        when it has the same size (``False`` in the other modes)."""
+        """Deferred mode: an allocation takes back a block of its size among the last 16 frees
+        on its own stream (``False`` in the other modes)."""
         return deref(self.c_obj).reuse_on_stream()
 
     @property
@@ -253,8 +253,8 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         when none could be recorded), ``peak_pending_bytes``, ``failed_syncs`` (syncs and
         fence waits that failed: nothing was released on them), ``rejected_frees`` (double
         frees, foreign pointers, size mismatches), ``fences`` (events recorded: one per batch
-        of frees on a stream at most), ``same_stream_reuse`` (allocations served by the block
-        freed last on their own stream: no event, no upstream call).
+        of frees on a stream at most), ``same_stream_reuse`` (allocations served by a block
+        freed lately on their own stream: no event, no upstream call).
 
         What the adaptor does, not allocation statistics: for those, ``rmm.statistics``
         (rmm's ``StatisticsResourceAdaptor`` over it, docs/index.md#statistics)."""
@@ -274,8 +274,8 @@ class SyncOnFreeResourceAdaptor(_UpstreamFirst, _SyncOnFreeResourceAdaptor):
         once: the block goes upstream only after an event recorded on the freeing stream
         after the free completed, checked without blocking on allocate and deallocate calls,
         and by :meth:`flush`. Consecutive frees on one stream share one event, and an
-        allocation takes back the block freed last on its own stream when it is of the same
-        size (no event, no upstream call: the stream orders the new work after the old).
+        allocation takes back a block of its size among the last 16 frees on its own stream
+        (no event, no upstream call: the stream orders the new work after the old).
     max_pending_bytes : int or str, optional
         Deferred mode only: once more bytes than this are pending, wait for the oldest
         fences. Accepts ints or strings such as ``"1GiB"``. ``None`` (default): no cap.
@@ -287,8 +287,8 @@ class SyncOnFreeResourceAdaptor(_UpstreamFirst, _SyncOnFreeResourceAdaptor):
         (default 64 MiB, positive; ints or strings such as ``"64MiB"``). ``None``: no byte
         limit.
     reuse_on_stream : bool, default True
-        Deferred mode only: an allocation takes back the block freed last on its own stream
-        when it has the same size and alignment and the stream is not capturing (the CUB
+        Deferred mode only: an allocation takes back a block of its size and alignment among
+        the last 16 frees on its own stream when the stream is not capturing (the CUB
         temp-storage loop: no event, no upstream call). ``False``: every block goes upstream
         once its event completed.
 

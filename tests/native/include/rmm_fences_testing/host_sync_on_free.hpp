@@ -723,7 +723,7 @@ class host_sync_on_free {
         for (int i = 0; i < iterations; ++i) {
           auto const r = rng() % 100;
           if (r < 45 || live.empty()) {
-            // Half of one of four sizes: the block freed last on a stream is often taken back.
+            // Half of one of four sizes: a block freed lately on a stream is often taken back.
             std::size_t const bytes = (rng() % 2) ? 256 * (1 + rng() % 4) : 64 + rng() % 4096;
             std::uintptr_t const s  = (rng() % 2) ? own : per_thread_handle;
             try {

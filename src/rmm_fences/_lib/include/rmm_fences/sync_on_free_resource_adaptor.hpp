@@ -27,8 +27,9 @@ namespace rmm_fences::mr {
  * never blocking the host in `deallocate`. Consecutive deferred frees on one stream share one
  * event, recorded once `max_batch_frees` frees or `max_batch_bytes` bytes are waiting for it
  * (and whenever the adaptor needs the blocks back). With `reuse_on_stream`, a deferred-mode
- * allocation first takes back the block freed last on its own stream when it has the same size
- * and alignment: stream order puts the new work after the old (no event, no upstream call).
+ * allocation first takes back a block of the same size and alignment among the last 16 frees
+ * on its own stream: stream order puts the new work after the old (no event, no upstream
+ * call).
  *
  * Copyable: copies share one state (`cuda::mr::shared_resource`).
  */
@@ -54,8 +55,8 @@ class sync_on_free_resource_adaptor
    * event before it is recorded (at least 1; 1: an event per free)
    * @param max_batch_bytes in deferred mode, the most bytes freed on one stream that wait for
    * one event before it is recorded (positive); no byte limit when empty
-   * @param reuse_on_stream in deferred mode, an allocation may take back the block freed last
-   * on its own stream (same size and alignment, not capturing)
+   * @param reuse_on_stream in deferred mode, an allocation may take back a block of its size
+   * and alignment among the last 16 frees on its own stream (not capturing)
    * @throws std::invalid_argument when `max_batch_frees` or `max_batch_bytes` is 0
    */
   explicit sync_on_free_resource_adaptor(
@@ -92,7 +93,7 @@ class sync_on_free_resource_adaptor
   [[nodiscard]] std::size_t max_batch_frees() const noexcept { return get().max_batch_frees(); }
   [[nodiscard]] std::optional<std::size_t> max_batch_bytes() const noexcept
   { return get().max_batch_bytes(); }
-  /// Whether a deferred-mode allocation may take back the block freed last on its stream.
+  /// Whether a deferred-mode allocation may take back a block freed lately on its stream.
   [[nodiscard]] bool reuse_on_stream() const noexcept { return get().reuse_on_stream(); }
   /// Bytes freed by the caller that did not reach the upstream yet.
   [[nodiscard]] std::size_t pending_bytes() const { return get().pending_bytes(); }

@@ -323,37 +323,41 @@ class deferred_free_list {
     }
   }
 
+  /// How many of a stream's latest entries an allocation on it looks at (`take_freed`).
+  static constexpr std::size_t reuse_window = 16;
+
   /**
-   * @brief The identity of the stream `stream` when the block freed last on it is one that
-   * `take_last_freed` may take for `bytes` at `alignment`; else `unknown_stream`.
+   * @brief The identity noted with the latest of the last `reuse_window` entries of `stream`
+   * that `take_freed` may take for `bytes` at `alignment`; else `unknown_stream`.
    */
-  [[nodiscard]] std::uint64_t last_freed_id(stream_key stream,
-                                            std::size_t bytes,
-                                            std::size_t alignment) const noexcept
+  [[nodiscard]] std::uint64_t freed_id(stream_key stream,
+                                       std::size_t bytes,
+                                       std::size_t alignment) const noexcept
   {
     auto const* q = queues_.find(stream);
-    return q == nullptr || q->entries.empty() ? unknown_stream : reusable(*q, bytes, alignment);
+    if (q == nullptr) { return unknown_stream; }
+    auto const k = latest_fit(*q, bytes, alignment, unknown_stream);
+    return k == q->entries.size() ? unknown_stream : q->entries.at(k).stream_id;
   }
 
   /**
-   * @brief Takes the block freed last on `stream` when it is `bytes` at `alignment`, batched
-   * or fenced (not parked), and noted with the identity `stream_id` (known, asked of the
-   * stream outside capture by the caller): an allocation on that very stream may use it at
-   * once, the stream ordering its new work after the work that used the block. Its reference
-   * to a shared fence is dropped.
+   * @brief Takes the latest of the last `reuse_window` entries of `stream` that is a block of
+   * `bytes` at `alignment`, batched or fenced (not parked), noted with the identity
+   * `stream_id` (known, asked of the stream outside capture by the caller): an allocation on
+   * that very stream may use it at once, the stream ordering its new work after the work that
+   * used the block. Its reference to a shared fence is dropped.
    */
-  std::optional<deferred_block> take_last_freed(FenceOps& ops,
-                                                stream_key stream,
-                                                std::uint64_t stream_id,
-                                                std::size_t bytes,
-                                                std::size_t alignment) noexcept
+  std::optional<deferred_block> take_freed(FenceOps& ops,
+                                           stream_key stream,
+                                           std::uint64_t stream_id,
+                                           std::size_t bytes,
+                                           std::size_t alignment) noexcept
   {
     auto* q = queues_.find(stream);
-    if (stream_id == unknown_stream || q == nullptr || q->entries.empty() ||
-        reusable(*q, bytes, alignment) != stream_id) {
-      return std::nullopt;
-    }
-    auto const it    = queues_.last(*q);
+    if (stream_id == unknown_stream || q == nullptr) { return std::nullopt; }
+    auto const k = latest_fit(*q, bytes, alignment, stream_id);
+    if (k == q->entries.size()) { return std::nullopt; }
+    auto const it    = queues_.at(*q, k);
     auto const taken = *it;
     queues_.remove(*q, it);
     slots_.drop(ops, taken.slot);
@@ -378,15 +382,24 @@ class deferred_free_list {
   [[nodiscard]] std::size_t pending_count() const noexcept { return queues_.pending_count(); }
 
  private:
-  /// The identity noted with the last entry of the non-empty `q` when it is a batched or
-  /// fenced block of `bytes` at `alignment`; else `unknown_stream`.
-  [[nodiscard]] static std::uint64_t reusable(typename deferred::queue<fence_type> const& q,
+  /// The index of the latest of the last `reuse_window` entries of `q` that is a batched or
+  /// fenced block of `bytes` at `alignment` with a known identity (`stream_id`, when known);
+  /// `q.entries.size()` when none is.
+  [[nodiscard]] static std::size_t latest_fit(typename deferred::queue<fence_type> const& q,
                                               std::size_t bytes,
-                                              std::size_t alignment) noexcept
+                                              std::size_t alignment,
+                                              std::uint64_t stream_id) noexcept
   {
-    auto const& e   = q.entries.at(q.entries.size() - 1);
-    bool const fits = !e.parked && e.block.bytes == bytes && e.block.alignment == alignment;
-    return fits ? e.stream_id : unknown_stream;
+    auto const n = q.entries.size();
+    for (std::size_t k = n; k-- > 0 && n - k <= reuse_window;) {
+      auto const& e = q.entries.at(k);
+      if (!e.parked && e.block.bytes == bytes && e.block.alignment == alignment &&
+          e.stream_id != unknown_stream &&
+          (stream_id == unknown_stream || e.stream_id == stream_id)) {
+        return k;
+      }
+    }
+    return n;
   }
 
   using queue = typename deferred::stream_queues<fence_type>::queue_type;

@@ -98,10 +98,11 @@ std::pair<void*, bool> allocate_with_drain(TryAllocate&& try_allocate, Drain&& d
  * invalidate the capture); a block parked on a stream never seen outside capture has no known
  * identity and stays parked until a device synchronization succeeds (`drain`).
  *
- * In deferred mode an allocation first takes back the block freed last on its stream when it
- * is of the same bytes and alignment, batched or fenced, and the stream is the very one that
- * freed it (same key and identity, asked outside capture): stream order puts the new owner's
- * work after the old, so no fence is needed and the upstream is not called.
+ * In deferred mode an allocation first takes back a block of the same bytes and alignment
+ * among the last `reuse_window` (16) entries of its stream, batched or fenced, when the stream
+ * is the very one that freed it (same key and identity, asked outside capture): stream order
+ * puts the new owner's work after the old, so no fence is needed and the upstream is not
+ * called.
  *
  * Frees are checked against the blocks handed out (ptr -> bytes): a double free, a foreign
  * pointer or a size mismatch is rejected before any fence or upstream call.
@@ -120,7 +121,7 @@ class sync_on_free_core {
   using entry       = typename list_type::entry;
   using buffer      = typename list_type::entry_buffer;
 
-  /// `reuse_on_stream`: in deferred mode, an allocation may take back the block freed last on
+  /// `reuse_on_stream`: in deferred mode, an allocation may take back a block freed lately on
   /// its own stream (`take_back`).
   template <typename... PlatformArgs>
   sync_on_free_core(Upstream upstream,
@@ -145,7 +146,7 @@ class sync_on_free_core {
   sync_on_free_core(sync_on_free_core const&)            = delete;
   sync_on_free_core& operator=(sync_on_free_core const&) = delete;
 
-  /// In deferred mode, first the block freed last on `stream` (`take_back`); then polls when
+  /// In deferred mode, first a block freed lately on `stream` (`take_back`); then polls when
   /// due and allocates from the upstream; on out-of-memory drains and retries once.
   [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment)
   {
@@ -221,7 +222,7 @@ class sync_on_free_core {
 
   [[nodiscard]] rmm_fences::mr::sync_mode mode() const noexcept { return mode_; }
 
-  /// Whether an allocation may take back the block freed last on its stream (deferred mode).
+  /// Whether an allocation may take back a block freed lately on its stream (deferred mode).
   [[nodiscard]] bool reuse_on_stream() const noexcept { return reuse_on_stream_; }
 
   [[nodiscard]] std::optional<std::size_t> max_pending_bytes() const noexcept
@@ -263,8 +264,8 @@ class sync_on_free_core {
   using no_fence_rule = sync_on_free::no_fence_rule;
 
   /**
-   * @brief Deferred mode: the pending block freed last on `stream`, when it is of `bytes` at
-   * `alignment` and `stream` is the very stream that freed it (same key and identity, not
+   * @brief Deferred mode: a pending block of `bytes` at `alignment` among the last 16 freed
+   * on `stream`, when `stream` is the very stream that freed it (same key and identity, not
    * capturing); nullptr otherwise. The stream orders the new owner's work after the work that
    * used the block, so it needs no fence and never reaches the upstream in between (the CUB
    * temp-storage loop: one free and one allocation of one size per step).
@@ -273,12 +274,12 @@ class sync_on_free_core {
   {
     if (!reuse_on_stream_ || bytes == 0) { return nullptr; }
     auto const key = platform_.key(stream);
-    auto const id  = list().last_freed_id(key, bytes, alignment);
+    auto const id  = list().freed_id(key, bytes, alignment);
     // The identity is asked only outside capture (a query would invalidate the capture).
     if (!id.has_value() || platform_.is_capturing(stream) || platform_.stream_id(stream) != *id) {
       return nullptr;
     }
-    auto const block = list().take_last_freed(key, *id, bytes, alignment);
+    auto const block = list().take_freed(key, *id, bytes, alignment);
     if (!block.has_value()) { return nullptr; }  // another thread took it first
     try {
       live_.insert(block->ptr, bytes);

@@ -21,7 +21,7 @@ struct sync_on_free_stats {
   std::uint64_t failed_syncs{};        ///< syncs and fence waits that failed (nothing released)
   std::uint64_t rejected_frees{};      ///< double frees, foreign pointers, size mismatches
   std::uint64_t fences{};  ///< fences recorded (one per batch of frees on a stream, at most)
-  /// Allocations served by the block freed last on their own stream (deferred mode): the
+  /// Allocations served by a block freed lately on their own stream (deferred mode): the
   /// stream orders its new work after the old, so neither a fence nor the upstream is needed.
   std::uint64_t same_stream_reuse{};
 };

@@ -170,9 +170,9 @@ class stream_queues {
     return q.entries.erase(it);
   }
 
-  /// The last entry of the non-empty `q` (the block freed last on its stream).
-  [[nodiscard]] static iterator last(queue_type& q) noexcept
-  { return iterator{&q.entries, q.entries.size() - 1}; }
+  /// The entry at index `k` of `q` (0: the oldest).
+  [[nodiscard]] static iterator at(queue_type& q, std::size_t k) noexcept
+  { return iterator{&q.entries, k}; }
 
   [[nodiscard]] queue_type const* find(stream_key stream) const
   {

@@ -227,27 +227,27 @@ class pending_list {
     }
   }
 
-  /// The identity noted with the block freed last on the stream `key` when an allocation of
-  /// `bytes` at `alignment` on that very stream may take it back; empty otherwise.
-  [[nodiscard]] std::optional<std::uint64_t> last_freed_id(key_type key,
-                                                           std::size_t bytes,
-                                                           std::size_t alignment) const
+  /// The identity noted with a block freed lately on the stream `key` that an allocation of
+  /// `bytes` at `alignment` on that very stream may take back; empty when there is none.
+  [[nodiscard]] std::optional<std::uint64_t> freed_id(key_type key,
+                                                      std::size_t bytes,
+                                                      std::size_t alignment) const
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto const id = list_.last_freed_id(key, bytes, alignment);
+    auto const id = list_.freed_id(key, bytes, alignment);
     return id == unknown_stream ? std::nullopt : std::optional<std::uint64_t>{id};
   }
 
   /// Takes back, for an allocation of `bytes` at `alignment` on the stream `key` of identity
-  /// `id` (asked of it outside capture), the block freed last on it
-  /// (`deferred_free_list::take_last_freed`); empty when it is no longer there.
-  [[nodiscard]] std::optional<deferred_block> take_last_freed(key_type key,
-                                                              std::uint64_t id,
-                                                              std::size_t bytes,
-                                                              std::size_t alignment)
+  /// `id` (asked of it outside capture), a block freed lately on it
+  /// (`deferred_free_list::take_freed`); empty when there is none any more.
+  [[nodiscard]] std::optional<deferred_block> take_freed(key_type key,
+                                                         std::uint64_t id,
+                                                         std::size_t bytes,
+                                                         std::size_t alignment)
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto block = list_.take_last_freed(platform_, key, id, bytes, alignment);
+    auto block = list_.take_freed(platform_, key, id, bytes, alignment);
     if (block.has_value()) {
       ++reused_;
       list_changed_locked(/*peak=*/false);
