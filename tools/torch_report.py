@@ -11,13 +11,17 @@
 under every allocator: checksums corrupted, and what rmm_fences' allocator counted.
 ``train``: steps per second and peak device memory of each model under every allocator, with
 ratios against PyTorch's caching allocator from the same run (medians over ``--repeat``
-rounds). Rows are saved after every run, so a time limit keeps what ran.
+rounds) and the 95% interval of the ratio (from the per-round ratios, each against PyTorch's
+allocator in the same round). ``--until-width 0.02`` runs rounds until every interval is
+narrower than 2% (at least 3 rounds, at most ``--repeat``). Rows are saved after every run, so
+a time limit keeps what ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import statistics
 import sys
@@ -68,11 +72,61 @@ def hazard_table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def train(steps: int, save=lambda rows: None, repeat: int = 1, allocators=None) -> tuple[list, str]:
+#: Two-sided 95% quantiles of Student's t with k degrees of freedom (k = 1..30); the normal
+#: quantile beyond.
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """The 95% interval of the geometric mean of per-round ratios (Student's t on their
+    logarithms), or None with fewer than two rounds."""
+    n = len(ratios)
+    if n < 2 or min(ratios) <= 0:
+        return None
+    logs = [math.log(r) for r in ratios]
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.960) * sd / math.sqrt(n)
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def per_round_ratios(rows: list, model: str, allocator: str) -> list[float]:
+    """Each round's step time of ``allocator`` over PyTorch's allocator's in that round."""
+    ok = [r for r in rows if "step_s" in r and r["model"] == model]
+    ref = {r.get("round", 0): r["step_s"] for r in ok if r["allocator"] == "torch"}
+    return [
+        r["step_s"] / ref[r.get("round", 0)]
+        for r in ok
+        if r["allocator"] == allocator and r.get("round", 0) in ref
+    ]
+
+
+def narrow_enough(rows: list, width: float) -> bool:
+    """True when every allocator's ratio interval (against PyTorch's) is narrower than
+    ``width`` (its high over its low, less 1), for every model."""
+    pairs = {(r["model"], r["allocator"]) for r in rows if r.get("allocator") != "torch"}
+    for model, allocator in pairs:
+        interval = ratio_interval(per_round_ratios(rows, model, allocator))
+        if interval is None or interval[1] / interval[0] - 1 >= width:
+            return False
+    return True
+
+
+def train(
+    steps: int,
+    save=lambda rows: None,
+    repeat: int = 1,
+    allocators=None,
+    until_width: float | None = None,
+) -> tuple[list, str]:
     """Each model under each allocator, ``repeat`` rounds (allocators alternating within a
-    round), one process per run."""
+    round), one process per run; with ``until_width``, fewer rounds once every ratio interval
+    is narrower than that (after 3 rounds at least)."""
     rows = []
     for round_ in range(repeat):
+        if until_width is not None and round_ >= 3 and narrow_enough(rows, until_width):
+            break
         for model in workloads.MODELS:
             for allocator in allocators or workloads.ALLOCATORS:
                 out = _run(["train", allocator, model, "--steps", str(steps)], allocator)
@@ -92,12 +146,13 @@ def train(steps: int, save=lambda rows: None, repeat: int = 1, allocators=None) 
 
 def train_table(rows: list) -> str:
     """The training table from rows: per model and allocator, the median step time over the
-    rounds, its ratio against PyTorch's allocator's median, the range of the per-round ratios
-    (each against PyTorch's allocator in the same round), and the peak device memory."""
+    rounds, its ratio against PyTorch's allocator's median, the range and the 95% interval of
+    the per-round ratios (each against PyTorch's allocator in the same round), and the peak
+    device memory."""
     lines = [
         "| model | allocator | rounds | steps/s | step time / PyTorch's | per-round range | "
-        "peak MiB | peak / PyTorch's |",
-        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |",
+        "95% interval | peak MiB | peak / PyTorch's |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: |",
     ]
     ok = [r for r in rows if "step_s" in r]
     for model in workloads.MODELS:
@@ -110,19 +165,17 @@ def train_table(rows: list) -> str:
         for name in names:
             mine = [r for r in ok if r["model"] == model and r["allocator"] == name]
             if not mine:
-                lines.append(f"| {model} | {name} | 0 | failed | | | | |")
+                lines.append(f"| {model} | {name} | 0 | failed | | | | | |")
                 continue
             step = statistics.median(r["step_s"] for r in mine)
             peak = max(r["peak_used_bytes"] for r in mine)
-            per_round = [
-                r["step_s"] / ref[r.get("round", 0)]["step_s"]
-                for r in mine
-                if r.get("round", 0) in ref
-            ]
+            per_round = per_round_ratios(rows, model, name)
             spread = f"{min(per_round):.3f}-{max(per_round):.3f}" if per_round else "-"
+            interval = ratio_interval(per_round) if name != "torch" else None
+            ci = f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"
             lines.append(
                 f"| {model} | {name} | {len(mine)} | {1 / step:.2f} | "
-                f"{f'{step / ref_step:.3f}' if ref_step else '-'} | {spread} | "
+                f"{f'{step / ref_step:.3f}' if ref_step else '-'} | {spread} | {ci} | "
                 f"{peak / 2**20:.0f} | {f'{peak / ref_peak:.3f}' if ref_peak else '-'} |"
             )
     return "\n".join(lines)
@@ -134,7 +187,12 @@ def main() -> int:
     parser.add_argument("--json", type=pathlib.Path, help="write the rows here")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of train")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of train (at most)")
+    parser.add_argument(
+        "--until-width",
+        type=float,
+        help="train: stop once every 95%% interval of the ratio is narrower than this (0.02)",
+    )
     parser.add_argument("--allocators", nargs="+", choices=list(workloads.ALLOCATORS))
     parser.add_argument("--table", action="store_true", help="print the table of the --json rows")
     args = parser.parse_args()
@@ -153,7 +211,7 @@ def main() -> int:
     if args.what == "hazards":
         rows, table = hazards(args.trials, save)
     else:
-        rows, table = train(args.steps, save, args.repeat, args.allocators)
+        rows, table = train(args.steps, save, args.repeat, args.allocators, args.until_width)
     print(table)
     return 0
 

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tools/torch_report.py without a GPU: the 95% interval of the per-round step-time ratios, and
+the rounds it takes before every interval is narrow enough."""
+
+import math
+
+import pytest
+
+from helpers.paths import ROOT
+from helpers.scripts import load_script
+
+report = load_script(ROOT / "tools" / "torch_report.py")
+
+
+def rows_of(ratios, model="resnet50", allocator="fences_pool"):
+    """Rounds of PyTorch's allocator at 1.0 s a step and `allocator` at each ratio."""
+    out = []
+    for k, ratio in enumerate(ratios):
+        out.append({"model": model, "allocator": "torch", "round": k, "step_s": 1.0})
+        out.append({"model": model, "allocator": allocator, "round": k, "step_s": ratio})
+    return out
+
+
+def test_the_interval_of_two_rounds_is_student_t_on_the_logarithms():
+    low, high = report.ratio_interval([0.9, 1.1])
+    logs = [math.log(0.9), math.log(1.1)]
+    half = 12.706 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)
+    mid = sum(logs) / 2
+    assert low == pytest.approx(math.exp(mid - half)) and high == pytest.approx(
+        math.exp(mid + half)
+    )
+    assert report.ratio_interval([1.0]) is None
+    assert report.ratio_interval([1.01] * 5) == pytest.approx((1.01, 1.01))
+
+
+def test_more_rounds_of_the_same_spread_narrow_the_interval():
+    def width(ratios):
+        low, high = report.ratio_interval(ratios)
+        return high / low - 1
+
+    spread = [0.98, 1.02]
+    widths = [width(spread * n) for n in (2, 4, 8, 16)]
+    assert widths == sorted(widths, reverse=True)
+    assert widths[0] > 0.02 > widths[-1]
+
+
+def test_narrow_enough_needs_every_allocator_and_model():
+    steady = rows_of([1.0, 1.001, 0.999])
+    assert report.narrow_enough(steady, 0.02)
+    noisy = steady + rows_of([0.9, 1.1, 1.0], allocator="rmm_async")
+    assert not report.narrow_enough(noisy, 0.02)
+    assert report.per_round_ratios(noisy, "resnet50", "rmm_async") == [0.9, 1.1, 1.0]
+
+
+def test_the_table_shows_the_interval():
+    table = report.train_table(
+        [{**r, "peak_used_bytes": 1 << 30} for r in rows_of([1.0, 1.001, 0.999])]
+    )
+    lines = table.splitlines()
+    assert "95% interval" in lines[0]
+    assert lines[2].startswith("| resnet50 | torch | 3 |") and "| - |" in lines[2]
+    assert "| 0.998-1.002 |" in lines[3], lines[3]
