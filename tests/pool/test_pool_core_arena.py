@@ -152,10 +152,10 @@ def test_on_every_recorded_log_the_arena_holds_less_than_chunks(name):
     events, peak = log_events(name)
     arena, chunks = replay(events), replay(events, page=0)
     assert arena <= chunks, f"{name}: arena {arena / MIB:.1f} MiB, chunks {chunks / MIB:.1f} MiB"
-    # Within 1.10x the log's live peak, but where a stream's cache (no fence after its last
-    # frees: its pages cannot be unmapped) holds the excess (cupy_pipeline, two streams), or
-    # the 2 MiB page is a sixth of the log (reduce_1m: 12 MiB live).
-    bound = {"cupy_pipeline": 1.30 * peak, "reduce_1m": peak + 2 * MIB}.get(name, 1.10 * peak)
+    # Within 1.10x the log's live peak, but where the 2 MiB page is a sixth of the log
+    # (reduce_1m: 12 MiB live). cupy_pipeline (three streams in phases) held 1.16x while a
+    # stream stopped sharing its cache at the first block it took back in its next phase.
+    bound = {"reduce_1m": peak + 2 * MIB}.get(name, 1.10 * peak)
     assert arena <= bound, f"{name}: {arena / MIB:.1f} MiB for {peak / MIB:.1f} MiB live"
 
 
@@ -186,5 +186,5 @@ def test_address_space_stays_bounded_over_many_passes(name):
         marks.append(p.arena["address_high_mark"])
     assert p.violations == []
     assert marks[-1] <= 3 * peak, f"{marks[-1] / peak:.1f}x the live peak after 60 passes"
-    assert marks[-1] == marks[39], "still growing after 40 passes"
+    assert marks[-1] - marks[39] <= peak / 100, "still growing after 40 passes"
     assert p.arena["peak_physical_bytes"] <= 1.30 * peak

@@ -267,8 +267,10 @@ class shared_list {
       put_back(b);
       throw;
     }
-    // Nobody needed what it fenced: stop fencing its bytes eagerly.
-    if (own_only) {
+    // Nobody needed what it fenced, `demand_decay` times in a row: stop fencing its bytes
+    // eagerly.
+    if (own_only && slot.own_takes.fetch_add(1, std::memory_order_relaxed) + 1 >= demand_decay) {
+      slot.own_takes.store(0, std::memory_order_relaxed);
       slot.demanded.store(false, std::memory_order_relaxed);
       slot.cell->wanted.store(false, std::memory_order_relaxed);
     }

@@ -206,6 +206,7 @@ class slot_table {
       std::lock_guard<spin_mutex> slot_lock(slot->mutex);
       if (slot->holds_free_blocks_locked()) {
         slot->demanded.store(true, std::memory_order_relaxed);
+        slot->own_takes.store(0, std::memory_order_relaxed);
       }
     }
     return moved;

@@ -37,6 +37,10 @@ inline constexpr std::uint32_t young_frees = 16;
 /// Cached bytes (as a fraction of the pool) after which a stream's cache is fenced, once
 /// another stream ran short while this one held free blocks.
 inline constexpr std::size_t fence_fraction = 16;
+/// Blocks a stream takes back in a row that it fenced and nobody else took before it stops
+/// fencing its cache by `fence_fraction`: in a pipeline a stream whose bytes others wanted in
+/// one phase takes its own back at the start of its next phase, and is wanted again later.
+inline constexpr std::uint32_t demand_decay = 16;
 /// Frees per stream kept for exact-size reuse before they join the stream's free list.
 inline constexpr std::size_t recent_capacity = 8;
 
@@ -111,8 +115,10 @@ struct alignas(64) stream_slot {
   live_blocks live;      // blocks handed out on this slot
   std::atomic<bool> fence_requested{};
   // Another stream missed while this one held free blocks: its cached bytes are fenced by
-  // the byte rule until it takes back a block it fenced that nobody else took.
+  // the byte rule until it takes back, `demand_decay` times in a row, blocks it fenced that
+  // nobody else took (`own_takes` counts them; a new miss elsewhere starts it again).
   std::atomic<bool> demanded{};
+  std::atomic<std::uint32_t> own_takes{};
 
   /// Releases a pin (the slot may be retired once no call holds it).
   void unpin() noexcept
@@ -334,6 +340,7 @@ struct alignas(64) stream_slot {
     waited.clear();
     fence_requested.store(false, std::memory_order_relaxed);
     demanded.store(false, std::memory_order_relaxed);
+    own_takes.store(0, std::memory_order_relaxed);
     retiring = false;
     return true;
   }
