@@ -700,7 +700,9 @@ class host_chunk_upstream {
     : limit_{limit}, log_{std::move(log)}, mutex_{std::make_unique<std::mutex>()}
   {
     if (arena_page != 0) {
-      auto const reserve = arena_reserve != 0 ? arena_reserve : std::size_t{1} << 40;
+      // 256 GiB of address space by default: several times the largest log's peak, and a
+      // few hundred pools alive at once (a state machine's runs) within the process's space.
+      auto const reserve = arena_reserve != 0 ? arena_reserve : std::size_t{1} << 38;
       arena_ = std::make_unique<host_page_arena>(arena_page, reserve, limit, log_, costs);
     }
   }
