@@ -164,3 +164,12 @@ def test_a_fraction_outside_zero_to_one_is_refused_before_any_cuda_call(bad):
 def test_a_fraction_that_is_no_number_is_refused():
     with pytest.raises(TypeError, match="remap_time_fraction must be a number"):
         VmmPoolMemoryResource(remap_time_fraction="half")
+
+
+def test_at_zero_pages_move_when_maximum_pool_size_leaves_no_other_way():
+    p = costly_pool(0.0, page=64 * KIB, maximum_pool_size=2 * MIB + 128 * KIB)
+    two_finished_blocks_between_live_ones(p)
+    p.allocate(2 * MIB, stream=2)  # fresh pages would pass the bound: the freed pages move
+    assert p.arena["physical_bytes"] == 2 * MIB + 128 * KIB
+    assert p.stats["remapped_bytes"] == 2 * MIB
+    assert p.violations == []

@@ -171,8 +171,9 @@ class arena_growth {
   { return !maximum_pool_size_ || held_after(n) <= *maximum_pool_size_; }
 
   /// Maps the pages `req` lacks; over the budget it first unmaps complete free pages when
-  /// `may_move`, and out of device memory whatever time is left (the alternative is
-  /// out-of-memory). `moved`: the bytes unmapped. False when nothing could be mapped.
+  /// `may_move`, and past `maximum_pool_size` or out of device memory whatever the allowance
+  /// (the alternative is out-of-memory). `moved`: the bytes unmapped. False when nothing could
+  /// be mapped.
   bool map_for(request const& req, bool may_move, std::size_t& moved)
   {
     bool const capturing = platform_.is_capturing(req.stream);
@@ -184,24 +185,13 @@ class arena_growth {
       spot = where_to_map(req.need(), capturing);
       if (spot.at == nullptr) { return false; }
     }
-    if (!fits_bounds(spot.bytes)) { return false; }
-    try {
-      map_at(spot.at, spot.bytes, /*merge=*/!capturing);
-      return true;
-    } catch (typename Platform::out_of_memory const&) {
-    }
-    // Out of device memory: complete free pages elsewhere back the range, or nothing does.
+    if (fits_bounds(spot.bytes) && try_map(spot, capturing)) { return true; }
+    // Complete free pages elsewhere back the range, or nothing does.
     auto const freed = unmap_complete_pages(spot.bytes, {spot.below, spot.above});
     if (freed == 0) { return false; }
     moved += freed;
     spot = where_to_map(req.need(), capturing);
-    if (spot.at == nullptr) { return false; }
-    try {
-      map_at(spot.at, spot.bytes, !capturing);
-      return true;
-    } catch (typename Platform::out_of_memory const&) {
-      return false;
-    }
+    return spot.at != nullptr && fits_bounds(spot.bytes) && try_map(spot, capturing);
   }
 
   /// Counts a growth's move of `moved` bytes that began at `began`; when `charged`, its
@@ -281,6 +271,17 @@ class arena_growth {
       if (found.at == nullptr) { found = at(start, size, true); }
     });
     return found.at != nullptr ? found : at(top_, remaining_reserve(), false);
+  }
+
+  /// `map_at` for a growth at `spot`; false when the device has no page left.
+  bool try_map(spot const& at, bool capturing)
+  {
+    try {
+      map_at(at.at, at.bytes, /*merge=*/!capturing);
+      return true;
+    } catch (typename Platform::out_of_memory const&) {
+      return false;
+    }
   }
 
   /// Maps `n` bytes at `ptr` (a hole's start or the top), registers them (merged with the
