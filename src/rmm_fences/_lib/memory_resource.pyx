@@ -764,8 +764,9 @@ class VmmPoolMemoryResource(_VmmPoolMemoryResource):
         no device memory). ``None`` (default): four times the device's memory.
     remap_time_fraction : float, default 0.05
         The most of its time, within ``[0, 1]``, the pool spends moving free pages (an unmap
-        and a map per page) to hold less memory, kept over any second or more. ``0``: pages
-        move only when the device is out of memory; ``1``: whenever the budget asks.
+        and a map per page) to hold less memory once its peak in use stopped rising, kept over
+        any second or more. ``0``: pages move only while the peak rises, when the device is
+        out of memory or past ``maximum_pool_size``; ``1``: whenever the budget asks.
 
     Notes
     -----

@@ -69,9 +69,10 @@ class stream_ordered_pool_memory_resource
    * @param reserve_size the address space it may grow in (empty: four times the device's
    * memory)
    * @param remap_time_fraction the most of its time, within [0, 1], the pool spends moving
-   * free pages to where it grows (unmapping and mapping them) instead of holding more: 0 only
-   * when the device is out of memory, 1 whenever it would hold more than 1/16 over its peak in
-   * use; the share is kept over any second or more
+   * free pages to where it grows (unmapping and mapping them) instead of holding more, once its
+   * peak in use stopped rising: 0 only when the device is out of memory or past
+   * `maximum_pool_size`, 1 whenever it would hold more than 1/16 over its peak in use; the
+   * share is kept over any second or more
    * @throws std::invalid_argument for a `remap_time_fraction` outside [0, 1]
    */
   stream_ordered_pool_memory_resource(

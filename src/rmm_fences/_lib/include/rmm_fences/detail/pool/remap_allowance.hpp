@@ -43,7 +43,8 @@ inline double validated_remap_time_fraction(double fraction)
  *
  * Over any stretch of time `T` the moves it is charged for take at most
  * `fraction * (T + remap_window_ns)`, plus the one move that began with credit left.
- * `fraction` 0: none; 1: every move.
+ * `fraction` 0: none; 1: every move. (A growth that would pass `maximum_pool_size` or finds
+ * the device out of memory moves pages whatever the allowance says.)
  */
 class remap_allowance {
  public:
