@@ -11,6 +11,9 @@ from helpers.fill_check import fill_check
 from helpers.threads import run_threads
 
 pytestmark = pytest.mark.gpu
+#: Blocks a stream takes back in a row, fenced and taken by nobody else, before it stops
+#: sharing its big cache on each free (the pool core's `demand_decay`).
+DEMAND_DECAY = 16
 
 
 def rs(s):
@@ -382,11 +385,12 @@ def test_native_pairs_freed_on_another_stream_are_cross_stream_reuse(cupy):
     assert stats["upstream_growths"] <= 1  # then 1 MiB blocks circulate in the pool
 
 
-def test_same_stream_64_mib_reuse_after_another_stream_ran_short_fences_once(cupy, scenarios):
+def test_same_stream_64_mib_reuse_after_another_stream_ran_short_stops_fencing(cupy, scenarios):
     # s2 runs short while s1, past its young frees, caches its 64 MiB block unfenced: the pool
     # raises MemoryError rather than synchronize the device, and asks s1 to fence; s1's next
-    # free is fenced, then its big frees are fenced for others until s1 takes back a block it
-    # fenced that nobody took. Before, every later same-stream free recorded an event.
+    # free is fenced, then its big frees are fenced for others until s1 took back, 16 times in
+    # a row (the core's demand_decay), a block it fenced that nobody took; then its pairs record
+    # nothing. Before the demand rule, every later same-stream free recorded an event.
     pool = StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource(), "128MiB", "128MiB")
     c1, c2 = (cupy.cuda.Stream(non_blocking=True) for _ in range(2))
     s1, s2 = rs(c1), rs(c2)
@@ -401,12 +405,16 @@ def test_same_stream_64_mib_reuse_after_another_stream_ran_short_fences_once(cup
         pool.allocate(96 << 20, s2)  # runs short: needs s1's cached, unfenced block
     assert pool.stats["reclaim_syncs"] == 0
     fences = pool.stats["fences"]
+    settled = None
     for i in range(100):
+        if i == DEMAND_DECAY + 1:
+            settled = pool.stats["fences"]
         p = pool.allocate(nbytes, s1)
         scenarios.fill(p, count, pattern=10 + i, stream=c1)
         scenarios.check(p, count, pattern=10 + i, errors=errors, stream=c1)
         pool.deallocate(p, nbytes, s1)
     loop_fences = pool.stats["fences"] - fences
+    settled_fences = pool.stats["fences"] - settled
     pool.retire_stream(s1)  # fenced and shared
     b = pool.allocate(96 << 20, s2)  # s1's block, after a wait on its fence
     scenarios.fill(b, (96 << 20) // 4, pattern=2, stream=c2)
@@ -418,7 +426,8 @@ def test_same_stream_64_mib_reuse_after_another_stream_ran_short_fences_once(cup
     print(f"\n64 MiB same-stream reuse after a shortage: {stats}")
     assert int(errors.get()[0]) == 0
     assert stats["reclaim_syncs"] == 0 and stats["cross_stream_reuse"] >= 1
-    assert loop_fences <= 2, f"{loop_fences} fences for 100 pairs"
+    assert loop_fences <= DEMAND_DECAY + 1, f"{loop_fences} fences for 100 pairs"
+    assert settled_fences == 0, f"{settled_fences} fences for the last {99 - DEMAND_DECAY} pairs"
     assert stats["same_stream_reuse"] >= 98
 
 

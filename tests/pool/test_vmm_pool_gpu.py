@@ -170,6 +170,21 @@ def test_bad_frees_are_refused(cupy):
     assert pool.stats["rejected_frees"] == 2
 
 
+def synchronize_relaxed(stream):
+    """``stream.synchronize()`` from a thread in relaxed capture mode: the test's own wait,
+    which a global-mode capture in another thread would otherwise refuse (the pool's calls run
+    in the caller's mode, and must not need this)."""
+    from cuda.bindings import runtime as cudart
+
+    relaxed = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
+    err, previous = cudart.cudaThreadExchangeStreamCaptureMode(relaxed)
+    assert err == cudart.cudaError_t.cudaSuccess, err
+    try:
+        stream.synchronize()
+    finally:
+        cudart.cudaThreadExchangeStreamCaptureMode(previous)
+
+
 def test_a_global_capture_in_another_thread_survives_growths_that_unmap(
     cupy, scenarios, capture_elsewhere
 ):
@@ -187,7 +202,7 @@ def test_a_global_capture_in_another_thread_survives_growths_that_unmap(
             scenarios.check(a, mib * MIB // 4, i + 1, errors, s)
             pool.deallocate(a, mib * MIB, rs(s))
             pool.retire_stream(s)  # shared behind a fence, which completes
-            s.synchronize()
+            synchronize_relaxed(s)
             pool.deallocate(keep, 64 << 10, rs(s))
     print(f"\nvmm_pool with a global capture elsewhere: {pool.stats}, capture: {result}")
     assert "error" not in result, f"the other thread's capture failed: {result['error']!r}"
