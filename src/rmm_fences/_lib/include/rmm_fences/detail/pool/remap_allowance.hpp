@@ -68,8 +68,6 @@ class remap_allowance {
     credit_ -= static_cast<double>(to - std::min(from, to));
   }
 
-  [[nodiscard]] double fraction() const noexcept { return fraction_; }
-
  private:
   void accrue(std::uint64_t now) noexcept
   {
