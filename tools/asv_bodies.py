@@ -17,8 +17,9 @@ the free-running timed replays (``track_allocations_per_s``); ``run streams`` ca
 ``CrossStream``, ``StreamPerTask`` (three timed rounds) and reads the pool's stream slots
 after 100, 2 000 and 20 000 short-lived streams (``StreamSlots``' measure at three counts);
 ``run dataframes`` sets up ``CudfPipeline`` and ``PdsH`` per parameter (a warm-up run under the
-footprint meter) and times ``ROUNDS`` runs; the chains of one parameter follow each other, so
-that they see the same state of the machine. The first line of every run is
+footprint meter) and times ``--rounds`` runs (default ``ROUNDS``; ``--resume FILE`` appends to
+an interrupted run's FILE, leaving out the cases it holds); the chains of one parameter follow
+each other, so that they see the same state of the machine. The first line of every run is
 ``{"environment": ...}``: the commit, GPU, driver and package versions it ran on, which
 tools/asv_report.py prints above the tables it renders from the file.
 """
@@ -137,7 +138,9 @@ def run_streams(out):
 ROUNDS = 5
 
 
-def run_dataframes(out):
+def run_dataframes(out, rounds=ROUNDS, done=()):
+    """``done``: the (bench, param, chain) cases to leave out (those an earlier, interrupted
+    run already wrote)."""
     import statistics
     import time
 
@@ -146,7 +149,7 @@ def run_dataframes(out):
     def measure(b, param, chain):
         timed = b.time_pipeline if isinstance(b, D.CudfPipeline) else b.time_query
         seconds = []
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             t0 = time.perf_counter()
             timed(param, chain)
             seconds.append(time.perf_counter() - t0)
@@ -156,6 +159,8 @@ def run_dataframes(out):
     cases = [("CudfPipeline", rows) for rows in D.ROWS] + [("PdsH", q) for q in D.QUERIES]
     for bench, param in cases:
         for chain in D.SPECS:
+            if (bench, param, chain) in done:
+                continue
             row = {"bench": bench, "param": param, "chain": chain}
             _run_body(getattr(D, bench)(), (param, chain), row, out, measure)
 
@@ -325,6 +330,15 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the bodies on a GPU host: JSON lines on stdout")
     run.add_argument("what", choices=["replay", "streams", "dataframes"])
+    run.add_argument(
+        "--rounds", type=int, default=ROUNDS, help=f"dataframes: timed runs (default {ROUNDS})"
+    )
+    run.add_argument(
+        "--resume",
+        metavar="FILE",
+        help="dataframes: leave out the cases FILE (an interrupted run's output) holds; "
+        "print no environment line when FILE has one",
+    )
     table = sub.add_parser("table", help="markdown tables from a JSON-lines file")
     table.add_argument("what", choices=["replay", "streams", "dataframes"])
     table.add_argument("path")
@@ -333,8 +347,23 @@ def main(argv=None):
     if args.command == "run":
         sys.path.insert(0, str(ASV))
         runs = {"replay": run_replay, "streams": run_streams, "dataframes": run_dataframes}
-        print(json.dumps({"environment": recorded_environment()}), flush=True)
-        runs[args.what](sys.stdout)
+        if args.rounds < 1:
+            parser.error(f"--rounds {args.rounds}: expected a positive number of runs")
+        if args.resume and args.what != "dataframes":
+            parser.error("--resume: only for dataframes")
+        done, stamped = set(), False
+        if args.resume and pathlib.Path(args.resume).is_file():
+            for line in pathlib.Path(args.resume).read_text().splitlines():
+                r = json.loads(line)
+                stamped |= "environment" in r
+                if "bench" in r:
+                    done.add((r["bench"], r["param"], r["chain"]))
+        if not stamped:
+            print(json.dumps({"environment": recorded_environment()}), flush=True)
+        if args.what == "dataframes":
+            run_dataframes(sys.stdout, rounds=args.rounds, done=done)
+        else:
+            runs[args.what](sys.stdout)
     else:
         tables = {"replay": table_replay, "streams": table_streams, "dataframes": table_dataframes}
         print(tables[args.what](args.path))

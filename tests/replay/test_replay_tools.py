@@ -151,3 +151,22 @@ def test_ab_summary_gives_the_median_ratio_and_quartiles_per_measurement():
     assert "| reduce_1m | replay calls/s, streams kept | 1.100 | 1.100-1.100 | 1 |" in lines
     assert "| pool(cuda_async) | 1 MiB pair ns | 1.040 | 1.020-1.060 | 5 |" in lines
     assert "| reduce_1m | replay calls/s | 0.500 | 0.500-0.500 | 1 |" in lines
+
+
+def test_dataframes_resume_leaves_out_the_cases_an_interrupted_run_wrote(tmp_path, capsys):
+    """run dataframes --resume FILE: the cases FILE holds are not run again, and the
+    environment line is not written twice; --rounds must be positive."""
+    bodies = asv_bodies()
+    done = [{"bench": "CudfPipeline", "param": 10_000_000, "chain": "cuda_async", "seconds": 1}]
+    path = tmp_path / "df.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [{"environment": {}}, *done]) + "\n")
+    assert bodies.main(["run", "dataframes", "--resume", str(path)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert not any("environment" in r for r in rows)
+    cases = {(r["bench"], r["param"], r["chain"]) for r in rows}
+    assert ("CudfPipeline", 10_000_000, "cuda_async") not in cases
+    assert ("CudfPipeline", 10_000_000, "rmm_pool") in cases and ("PdsH", 22, "cuda_async") in cases
+    assert len(cases) == len(rows) == 24 * 6 - 1  # (2 sizes + 22 queries) x 6 chains, less one
+    with pytest.raises(SystemExit):
+        bodies.main(["run", "dataframes", "--rounds", "0"])
+    assert "--rounds 0" in capsys.readouterr().err
