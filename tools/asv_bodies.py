@@ -188,7 +188,9 @@ def table_dataframes(path):
             t = d[c]["seconds"] / base["seconds"]
             if bench == "PdsH":
                 ratios[c].append((t, d[c]["seconds"] / d["rmm_pool"]["seconds"]))
-            cells.append(f"{t:.3f}x, {d[c]['peak_mib'] / base['peak_mib']:.2f}x")
+            peak = d[c]["peak_mib"]
+            share = "-" if peak is None else f"{peak / base['peak_mib']:.2f}x"
+            cells.append(f"{t:.3f}x, {share}")
         name = f"cuDF pipeline {param:,} rows" if bench == "CudfPipeline" else f"PDS-H q{param}"
         lines.append(
             f"| {name} | {base['seconds']:.3f} | {base['peak_mib']:.0f} | "

@@ -154,7 +154,7 @@ class CudfPipeline(_OnChain):
         cupy.cuda.Device().synchronize()
 
     def track_peak_mib(self, rows, chain):
-        return self.peak / 2**20
+        return None if self.peak is None else self.peak / 2**20
 
     track_peak_mib.unit = "MiB"
 
@@ -195,6 +195,6 @@ class PdsH(_OnChain):
         self._query()
 
     def track_peak_mib(self, query, chain):
-        return self.peak / 2**20
+        return None if self.peak is None else self.peak / 2**20
 
     track_peak_mib.unit = "MiB"

@@ -441,25 +441,42 @@ cdef class FootprintMeter:
     pool, or a statistics adaptor over the leaf, as ``with_footprint`` puts it in a spec).
 
     ``source`` is the layer's kind; with ``"none"`` the chain has no such layer and
-    :meth:`peak` returns None. One measurement at a time per chain.
+    :meth:`peak` returns None. Over a ``vmm_pool`` leaf the peak is its pages' high-water mark
+    (``stats["peak_physical_bytes"]``, which cannot be reset): exact when the chain rose above
+    the mark it had at :meth:`start`, or when it held its mark then; otherwise None (the peak
+    since :meth:`start` lies between what it held then and that older mark). One measurement
+    at a time per chain.
     """
 
     cdef unique_ptr[rmm_footprint] c_obj
     cdef readonly str source
     cdef object _mr  # the chain stays alive while measured
+    cdef object _layer
+    cdef object _vmm_start  # (physical bytes, peak physical bytes) at start, vmm_pool only
 
     def __init__(self, DeviceMemoryResource mr not None):
         source, layer = footprint_layer(mr)
         self.source = source
         self._mr = mr
+        self._layer = layer
         self.c_obj.reset(new rmm_footprint(_statistics_of(source, layer), _pool_of(source, layer)))
 
     def start(self) -> None:
         """Starts a measurement (what the chain holds now counts as held)."""
+        if self.source == "vmm_pool":
+            stats = self._layer.stats
+            self._vmm_start = (stats["physical_bytes"], stats["peak_physical_bytes"])
         self.c_obj.get().start()
 
     def peak(self):
-        """The most bytes held since :meth:`start` (None without a footprint layer)."""
+        """The most bytes held since :meth:`start` (None without a footprint layer, or where a
+        ``vmm_pool`` leaf cannot tell: see the class)."""
         if self.source == "none":
             return None
+        if self.source == "vmm_pool":
+            if self._vmm_start is None:
+                raise RuntimeError("FootprintMeter.peak() before start()")
+            held, mark = self._vmm_start
+            now = self._layer.stats["peak_physical_bytes"]
+            return now if now > mark or held == mark else None
         return self.c_obj.get().peak()

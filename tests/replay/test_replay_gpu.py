@@ -139,6 +139,36 @@ def test_footprint_meter_sees_a_peak_between_start_and_peak(spec):
     assert FootprintMeter(rmm.mr.CudaMemoryResource()).peak() is None
 
 
+def test_footprint_meter_over_a_vmm_pool_is_exact_or_says_it_cannot_tell():
+    """Over a vmm_pool leaf the meter reads the pages' high-water mark, which cannot be reset:
+    a rise above the mark of start() is exact, and so is a measurement started at the mark;
+    one started below it (pages released since) that stays below it reports None, not 0."""
+    from rmm_fences import VmmPoolMemoryResource
+
+    mr = VmmPoolMemoryResource()
+    meter = FootprintMeter(mr)
+    assert meter.source == "vmm_pool"
+    with pytest.raises(RuntimeError, match="before start"):
+        meter.peak()
+    stream = rmm.pylibrmm.stream.Stream()
+    meter.start()
+    big = mr.allocate(96 << 20, stream)
+    mr.deallocate(big, 96 << 20, stream)
+    first = meter.peak()
+    assert first == mr.stats["peak_physical_bytes"] >= 96 << 20
+    meter.start()  # at the mark: the pages are still held
+    assert meter.peak() == first
+    assert mr.synchronize_and_reclaim()
+    assert mr.release() > 0 and mr.stats["physical_bytes"] < first
+    meter.start()  # below the mark
+    small = mr.allocate(2 << 20, stream)
+    assert meter.peak() is None
+    bigger = mr.allocate(first + (32 << 20), stream)
+    assert meter.peak() >= first + (34 << 20)
+    mr.deallocate(bigger, first + (32 << 20), stream)
+    mr.deallocate(small, 2 << 20, stream)
+
+
 def test_no_footprint_without_a_layer_to_read():
     t = mixed_trace(per_thread=50, seed=4)
     stats = replay(rmm.mr.CudaMemoryResource(), t)
