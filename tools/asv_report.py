@@ -429,6 +429,11 @@ def render_streams(path, rel, options):
     return _env_meta(rel, _jsonl_environment(path)), bodies.table_streams(path)
 
 
+def render_dataframes(path, rel, options):
+    bodies = _tool("asv_bodies.py")
+    return _env_meta(rel, _jsonl_environment(path)), bodies.table_dataframes(path)
+
+
 def render_reduce_plan(path, rel, options):
     """Rows {chain, n, ratio} of ``CubTempStoragePlanLoop.track_ratio_to_preallocated``: a row
     per chain, a column per n."""
@@ -491,8 +496,9 @@ def render_torch_training(path, rel, options):
 
 
 def render_downstream(path, rel, options):
-    """The counts table of a ``make downstream`` summary.md (without its suite column), and the
-    run's commit and versions from the line under its title."""
+    """The counts table of a ``make downstream`` summary.md (without its suite column; option
+    ``suite=NAME``: that suite's rows alone, where the run holds several), and the run's commit
+    and versions from the line under its title."""
     text = path.read_text()
     lines = text.splitlines()
     meta = _env_meta(rel, None)
@@ -507,7 +513,8 @@ def render_downstream(path, rel, options):
         if not x.startswith("|"):
             break
         cells = [c.strip() for c in x.strip("|").split("|")]
-        rows.append(cells[1:])
+        if len(rows) < 2 or options.get("suite", cells[0]) == cells[0]:
+            rows.append(cells[1:])
     keep = [i for i in range(len(rows[0])) if any(r[i] != "-" for r in rows[2:])]
     rows = [[r[i] for i in keep] for r in rows]
     out = ["| " + " | ".join(rows[0]) + " |", "|---|" + "---:|" * (len(rows[0]) - 1)]
@@ -521,6 +528,7 @@ KINDS = {
     "doctor": render_doctor,
     "replay": render_replay,
     "streams": render_streams,
+    "dataframes": render_dataframes,
     "reduce-plan": render_reduce_plan,
     "stress": render_stress,
     "torch-hazards": render_torch_hazards,

@@ -17,7 +17,9 @@ Environment:
     reports the tests it finished), and at the end the tracker's hazards.
 ``RMM_FENCES_DS_RAPIDS``
     ``1`` for cuDF's and cudf-polars' suites: numpy gets back ``row_stack`` where it lacks it
-    (numba-cuda <= 0.30.4 registers it, so ``import cudf`` fails on numpy 2.5 without it), and,
+    (numba-cuda <= 0.30.4 registers it, so ``import cudf`` fails on numpy 2.5 without it) and
+    numba-cuda's module that warns on numpy 2.5 is imported once with the warning ignored (cuDF's
+    suite makes warnings errors, so every file failed at collection), and,
     under a chain, cudf-polars' own memory resources are the chain: its in-memory engine builds
     the resource that ``CUDF_POLARS__MEMORY_RESOURCE_CONFIG__QUALNAME`` names
     (``plugin.chain_resource``) around every query, and its streaming engine the one of
@@ -102,10 +104,21 @@ def chain_resource():
 
 
 def _numpy_row_stack():
+    import warnings
+
     import numpy
 
     if not hasattr(numpy, "row_stack"):
         numpy.row_stack = numpy.vstack
+    # numba-cuda <= 0.30.4 also warns at import on numpy 2.5 (a timedelta64 of the 'generic'
+    # unit), which cuDF's suite (filterwarnings = error) turns into an error in every file it
+    # collects: import that module once here, with the warning ignored, baseline and chains alike
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            import numba.cuda.np.npdatetime_helpers  # noqa: F401
+        except Exception:  # no numba-cuda (cudf-polars alone) or no CUDA: nothing to pre-import
+            pass
 
 
 def _route_cudf_polars():
