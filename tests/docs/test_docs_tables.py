@@ -203,3 +203,23 @@ PRIVATE = re.compile(
 @pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
 def test_no_private_words(page):
     assert PRIVATE.findall(prose(page.read_text())) == []
+
+
+def test_downstream_table_of_one_suite_keeps_that_suites_rows(tmp_path):
+    """A summary of several suites: suite=NAME renders that suite's rows alone, without the
+    suite column; without the option every row comes (one suite per file, as before)."""
+    r = renderer()
+    path = tmp_path / "summary.md"
+    path.write_text(
+        "# run\n\nx; rmm_fences commit `0123abcd`; python 3\n\n"
+        "| suite | chain | passed | regressions |\n|---|---|---:|---:|\n"
+        "| a | baseline | 5 | 0 |\n| a | pool | 4 | 1 |\n| b | baseline | 7 | 0 |\n"
+    )
+    _, body = r.render_downstream(path, "s.md", {"suite": "b"})
+    assert body.splitlines() == [
+        "| chain | passed | regressions |",
+        "|---|---:|---:|",
+        "| baseline | 7 | 0 |",
+    ]
+    _, every = r.render_downstream(path, "s.md", {})
+    assert len(every.splitlines()) == 5
