@@ -42,7 +42,7 @@ from rmm_fences_testing import (  # noqa: E402
 )
 
 TRACES = ROOT / "asv_bench" / "traces"
-GPU_REPLAY = ROOT / "docs" / "data" / "replay" / "replay_2026-12-01.jsonl"
+GPU_REPLAY = ROOT / "docs" / "data" / "replay" / "replay_2026-12-05.jsonl"
 MIB = 1 << 20
 GRANULE = 256
 #: Recorded stream k replays as host stream STREAM_BASE + k (0 is the default stream's identity).
@@ -215,7 +215,7 @@ def gpu_footprints(path: pathlib.Path) -> dict[tuple[str, str], float]:
     if not path.is_file():
         return {}
     rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return {(r["trace"], r["chain"]): r["footprint_mib"] for r in rows}
+    return {(r["trace"], r["chain"]): r["footprint_mib"] for r in rows if "trace" in r}
 
 
 # --- the report -------------------------------------------------------------------------------

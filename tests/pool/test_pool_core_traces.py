@@ -7,7 +7,7 @@ On the GPU the replay runs each recorded thread on its own thread, so the interl
 the footprint) there can differ from this one. The footprint is what the pool holds from the
 upstream at the end (it never gives chunks back during a replay); it is compared with the
 trace's peak of live bytes and with rmm's ``PoolMemoryResource`` (``initial_pool_size=0``) on
-the H200 replay of the same log (``docs/data/replay/replay_2026-12-01.jsonl``, the
+the H200 replay of the same log (``docs/data/replay/replay_2026-12-05.jsonl``, the
 replay of docs/performance.md's tables), and for the training benchmark's
 steps with what PyTorch's caching allocator reserved for them on the H200
 (``docs/data/torch/training_2026-12-01.json``).
@@ -22,7 +22,7 @@ from rmm_fences_bench import read_allocation_log
 from rmm_fences_testing import HostStreamOrderedPool
 
 TRACES = ROOT / "asv_bench" / "traces"
-GPU_REPLAY = DOCS_DATA / "replay" / "replay_2026-12-01.jsonl"
+GPU_REPLAY = DOCS_DATA / "replay" / "replay_2026-12-05.jsonl"
 TRAINING = DOCS_DATA / "torch" / "training_2026-12-01.json"
 MIB = 1 << 20
 NAMES = sorted(p.name[: -len(".csv.gz")] for p in TRACES.glob("*.csv.gz"))
@@ -32,7 +32,7 @@ def rmm_pool_footprint(name):
     """rmm's pool's footprint (bytes) on the H200 replay of ``name``."""
     for line in GPU_REPLAY.read_text().splitlines():
         row = json.loads(line)
-        if row["trace"] == name and row["chain"] == "rmm_pool":
+        if row.get("trace") == name and row.get("chain") == "rmm_pool":
             return row["footprint_mib"] * MIB
     raise LookupError(f"no rmm_pool row for {name} in {GPU_REPLAY}")
 
