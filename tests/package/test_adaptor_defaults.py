@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The signatures of the adaptors, without a GPU: each public class's ``__init__`` (what
-``inspect.signature`` and the stub show) has the defaults its cdef class's ``__cinit__`` applies
-(both are written, as in rmm: memory_resource.pyx), and the stub's ``__init__`` is the runtime
-one."""
+"""The signatures of the resources, without a GPU: what ``inspect.signature`` shows (the text
+signature that opens each cdef class's docstring: memory_resource.pyx) has the defaults the
+class's ``__cinit__`` applies, and the stub's ``__init__`` is that signature."""
 
 import ast
 import inspect
@@ -15,9 +14,10 @@ from rmm_fences import (
     HazardTrackingResourceAdaptor,
     StreamOrderedPoolMemoryResource,
     SyncOnFreeResourceAdaptor,
+    VmmPoolMemoryResource,
 )
 from rmm_fences._lib import memory_resource
-from rmm_fences.unsafe import NaiveCachingMemoryResource
+from rmm_fences.unsafe import NaiveCachingMemoryResource, UnmappingVmmMemoryResource
 
 ADAPTORS = [
     SyncOnFreeResourceAdaptor,
@@ -70,7 +70,11 @@ def _stub_init(name):
     return init.args
 
 
-@pytest.mark.parametrize("cls", ADAPTORS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls",
+    [*ADAPTORS, VmmPoolMemoryResource, UnmappingVmmMemoryResource],
+    ids=lambda c: c.__name__,
+)
 def test_the_stub_init_is_the_runtime_signature(cls):
     args = _stub_init(cls.__name__)
     positional = [a.arg for a in args.args][1:]  # without self

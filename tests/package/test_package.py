@@ -80,31 +80,31 @@ ADAPTORS = [
 
 @pytest.mark.parametrize("cls", ADAPTORS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize(
-    "bad, got",
-    [
-        (None, "NoneType"),
-        ("cuda", "str"),
-        (3, "int"),
-        (object(), "object"),
-        (rmm.mr.CudaMemoryResource, "type"),  # the class, not an instance
-    ],
+    "bad",
+    [None, "cuda", 3, object(), rmm.mr.CudaMemoryResource],  # the last: the class, not one
+    ids=["None", "str", "int", "object", "class"],
 )
 @pytest.mark.parametrize("keyword", [False, True], ids=["positional", "keyword"])
-def test_upstream_must_be_a_resource(cls, bad, got, keyword):
-    with pytest.raises(TypeError) as info:
-        cls(upstream_mr=bad) if keyword else cls(bad)
-    assert str(info.value) == (
-        "upstream_mr must be an rmm.mr.DeviceMemoryResource "
-        f"(e.g. rmm.mr.CudaMemoryResource()), got {got}"
-    )
+def test_a_bad_upstream_is_refused_as_rmms_adaptors_refuse_it(cls, bad, keyword):
+    """Each adaptor is one cdef class over rmm's ``UpstreamResourceAdaptor``, whose
+    ``__cinit__`` checks ``upstream_mr`` first: the same exception as rmm's own adaptors, a
+    TypeError naming ``upstream_mr`` for anything but None (None: below)."""
+
+    def refusal(make):
+        with pytest.raises(Exception) as info:
+            make(upstream_mr=bad) if keyword else make(bad)
+        return type(info.value), str(info.value)
+
+    ours = refusal(cls)
+    assert ours == refusal(rmm.mr.StatisticsResourceAdaptor)
+    if bad is not None:
+        assert ours[0] is TypeError and "'upstream_mr' has incorrect type" in ours[1]
 
 
 def test_rmm_refuses_a_none_upstream_with_a_bare_exception():
-    """Why the public adaptors check ``upstream_mr`` in a Python ``__new__`` over their cdef
-    class (memory_resource.pyx, ``_UpstreamFirst``): rmm's ``UpstreamResourceAdaptor.__cinit__``
-    runs before a subclass's and refuses None with a bare ``Exception``, and a cdef class cannot
-    have a ``__new__`` that checks first. Once this fails (rmm raises TypeError for None), that
-    check can go and Cython's typed-argument TypeError speak, as for rmm's adaptors."""
+    """What the adaptors inherit for ``upstream_mr=None``: rmm's ``UpstreamResourceAdaptor``
+    runs its ``__cinit__`` before a subclass's and raises a bare ``Exception``. Once this fails
+    (rmm raises TypeError for None), the adaptors raise that too, with no change here."""
     with pytest.raises(Exception, match="Argument `upstream_mr` must not be None") as info:
         rmm.mr.StatisticsResourceAdaptor(None)
     assert type(info.value) is Exception

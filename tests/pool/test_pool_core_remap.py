@@ -25,7 +25,7 @@ KIB, MIB = 1 << 10, 1 << 20
 PAGE = 2 * MIB
 CALL_NS, PAGE_NS = 200, 3000  # a pool call, a page's map or unmap (the model's costs)
 WINDOW_NS = 1e9  # the bucket holds the fraction of this
-DEFAULT = inspect.signature(VmmPoolMemoryResource.__init__).parameters["remap_time_fraction"]
+DEFAULT = inspect.signature(VmmPoolMemoryResource).parameters["remap_time_fraction"]
 TRACES = ROOT / "asv_bench" / "traces"
 NAMES = sorted(p.name[: -len(".csv.gz")] for p in TRACES.glob("*.csv.gz"))
 

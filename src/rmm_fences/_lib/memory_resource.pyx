@@ -5,17 +5,14 @@
 The C++ classes are declared in memory_resource.pxd; this module holds only the Python-facing
 classes. Each resource is one ``cdef class`` over its public C++ class, in rmm's shape: its
 ``__cinit__`` builds the C++ resource from the arguments, with the defaults of the signature.
-An adaptor of an upstream is that cdef class under its public name, plus two things a cdef class
-cannot hold, in a Python subclass of it:
+An adaptor's upstream is checked by rmm's ``UpstreamResourceAdaptor.__cinit__``, which runs
+first, as for rmm's own adaptors: ``None`` raises rmm's ``Exception("Argument `upstream_mr` must
+not be None")`` and any other type Cython's ``TypeError`` naming ``upstream_mr``.
 
-- the check of ``upstream_mr`` (``_UpstreamFirst.__new__``, shared): rmm's
-  ``UpstreamResourceAdaptor.__cinit__`` runs before any subclass's ``__cinit__`` and refuses None
-  with a bare ``Exception("Argument `upstream_mr` must not be None")`` (other types get Cython's
-  TypeError), and Cython allows no ``__new__`` on a cdef class
-  (tests/package/test_package.py::test_rmm_refuses_a_none_upstream_with_a_bare_exception);
-- the signature, rmm's documented no-op ``__init__``: Python 3.11's ``inspect.signature`` cannot
-  read a cdef class's ``__init__``. Its defaults are those of the ``__cinit__``
-  (tests/package/test_adaptor_defaults.py).
+The class docstring opens with the constructor's signature and the ``--`` line of CPython's
+text signatures, so that ``inspect.signature`` and ``help`` show it (a cdef class's
+``__init__`` has none); tests/package/test_adaptor_defaults.py checks it against the defaults
+the ``__cinit__`` applies and against the stub.
 """
 
 import atexit
@@ -99,22 +96,65 @@ cdef Stream _resource_stream(object stream):
     return as_stream(stream)
 
 
-class _UpstreamFirst:
-    """Base of the public adaptors: checks ``upstream_mr`` before rmm's
-    ``UpstreamResourceAdaptor.__cinit__`` sees it (see the module docstring)."""
+cdef class SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
+    """SyncOnFreeResourceAdaptor(upstream_mr, mode="deferred", max_pending_bytes=None,
+  max_batch_frees=16, max_batch_bytes=67108864, reuse_on_stream=True)
+--
 
-    __slots__ = ()
+Make freeing safe while kernels may still use the block, over any upstream.
 
-    def __new__(cls, upstream_mr, *args, **kwargs):
-        if not isinstance(upstream_mr, DeviceMemoryResource):
-            raise TypeError(
-                "upstream_mr must be an rmm.mr.DeviceMemoryResource "
-                f"(e.g. rmm.mr.CudaMemoryResource()), got {type(upstream_mr).__name__}"
-            )
-        return super().__new__(cls, upstream_mr, *args, **kwargs)
+    Parameters
+    ----------
+    upstream_mr : DeviceMemoryResource
+        Receives each freed block once no device work can still use it.
+    mode : {"deferred", "stream", "device"}
+        ``"device"`` synchronizes the device before each free (what ``cudaFree`` does);
+        ``"stream"`` synchronizes the freeing stream; ``"deferred"`` (default) returns at
+        once: the block goes upstream only after an event recorded on the freeing stream
+        after the free completed, checked without blocking on allocate and deallocate calls,
+        and by :meth:`flush`. Consecutive frees on one stream share one event, and an
+        allocation takes back a block of its size among the last 16 frees on its own stream
+        (no event, no upstream call: the stream orders the new work after the old).
+    max_pending_bytes : int or str, optional
+        Deferred mode only: once more bytes than this are pending, wait for the oldest
+        fences. Accepts ints or strings such as ``"1GiB"``. ``None`` (default): no cap.
+    max_batch_frees : int, optional
+        Deferred mode only: the event shared by a stream's frees is recorded once this many
+        frees wait for it (default 16; at least 1; 1: an event per free).
+    max_batch_bytes : int or str, optional
+        Deferred mode only: the event is also recorded once this many bytes wait for it
+        (default 64 MiB, positive; ints or strings such as ``"64MiB"``). ``None``: no byte
+        limit.
+    reuse_on_stream : bool, default True
+        Deferred mode only: an allocation takes back a block of its size and alignment among
+        the last 16 frees on its own stream when the stream is not capturing (the CUB
+        temp-storage loop: no event, no upstream call). ``False``: every block goes upstream
+        once its event completed.
 
+    Notes
+    -----
+    A batch's event is recorded only during a call on the stream that freed it (that stream
+    may be destroyed once its free returned): the last frees on a stream that is not used
+    again go upstream after a device synchronization (:meth:`flush`, out of memory).
+    If the upstream runs out of memory, the calling stream's batch gets its event, every
+    pending fence is waited on (and the device synchronized for blocks without one), those
+    blocks go upstream and the allocation is retried once before :class:`MemoryError` is
+    raised.
+    A failed query, wait or synchronization (another thread capturing in the global mode,
+    say) never releases a block: it stays pending and is retried. During stream capture
+    nothing is queried or synchronized on the capturing stream: its frees wait, unfenced,
+    until a later call on that very stream outside capture (when the adaptor can verify the
+    stream's identity) or a successful device synchronization (:meth:`flush`, out of memory).
+    Double frees, foreign pointers and size mismatches are rejected before any upstream call.
+    The adaptor belongs to the device that is current when it is constructed.
 
-cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
+    Examples
+    --------
+    >>> import rmm
+    >>> from rmm_fences import SyncOnFreeResourceAdaptor
+    >>> mr = SyncOnFreeResourceAdaptor(rmm.mr.CudaAsyncMemoryResource())
+    >>> rmm.mr.set_current_device_resource(mr)
+    """
     cdef unique_ptr[sync_on_free_resource_adaptor] c_obj
     cdef str _mode
     cdef object _max_pending_bytes
@@ -261,69 +301,25 @@ cdef class _SyncOnFreeResourceAdaptor(UpstreamResourceAdaptor):
         return deref(self.c_obj).stats()
 
 
-class SyncOnFreeResourceAdaptor(_UpstreamFirst, _SyncOnFreeResourceAdaptor):
-    """Make freeing safe while kernels may still use the block, over any upstream.
+cdef class NaiveCachingMemoryResource(UpstreamResourceAdaptor):
+    """NaiveCachingMemoryResource(upstream_mr)
+--
+
+UNSAFE ON PURPOSE: a cache that reuses freed blocks on any stream without a fence.
+
+    A freed block is cached under its size and handed to the next allocation of that size,
+    on any stream, at once. If a kernel queued before the free still reads or writes the
+    block, the new owner races with it: silent corruption. This is the hazard that a custom
+    allocator backing CUB temp storage creates when it frees without a synchronization, and
+    this class exists to reproduce it. Never use it for real work; wrap it in
+    :class:`rmm_fences.SyncOnFreeResourceAdaptor` to make it safe.
 
     Parameters
     ----------
     upstream_mr : DeviceMemoryResource
-        Receives each freed block once no device work can still use it.
-    mode : {"deferred", "stream", "device"}
-        ``"device"`` synchronizes the device before each free (what ``cudaFree`` does);
-        ``"stream"`` synchronizes the freeing stream; ``"deferred"`` (default) returns at
-        once: the block goes upstream only after an event recorded on the freeing stream
-        after the free completed, checked without blocking on allocate and deallocate calls,
-        and by :meth:`flush`. Consecutive frees on one stream share one event, and an
-        allocation takes back a block of its size among the last 16 frees on its own stream
-        (no event, no upstream call: the stream orders the new work after the old).
-    max_pending_bytes : int or str, optional
-        Deferred mode only: once more bytes than this are pending, wait for the oldest
-        fences. Accepts ints or strings such as ``"1GiB"``. ``None`` (default): no cap.
-    max_batch_frees : int, optional
-        Deferred mode only: the event shared by a stream's frees is recorded once this many
-        frees wait for it (default 16; at least 1; 1: an event per free).
-    max_batch_bytes : int or str, optional
-        Deferred mode only: the event is also recorded once this many bytes wait for it
-        (default 64 MiB, positive; ints or strings such as ``"64MiB"``). ``None``: no byte
-        limit.
-    reuse_on_stream : bool, default True
-        Deferred mode only: an allocation takes back a block of its size and alignment among
-        the last 16 frees on its own stream when the stream is not capturing (the CUB
-        temp-storage loop: no event, no upstream call). ``False``: every block goes upstream
-        once its event completed.
-
-    Notes
-    -----
-    A batch's event is recorded only during a call on the stream that freed it (that stream
-    may be destroyed once its free returned): the last frees on a stream that is not used
-    again go upstream after a device synchronization (:meth:`flush`, out of memory).
-    If the upstream runs out of memory, the calling stream's batch gets its event, every
-    pending fence is waited on (and the device synchronized for blocks without one), those
-    blocks go upstream and the allocation is retried once before :class:`MemoryError` is
-    raised.
-    A failed query, wait or synchronization (another thread capturing in the global mode,
-    say) never releases a block: it stays pending and is retried. During stream capture
-    nothing is queried or synchronized on the capturing stream: its frees wait, unfenced,
-    until a later call on that very stream outside capture (when the adaptor can verify the
-    stream's identity) or a successful device synchronization (:meth:`flush`, out of memory).
-    Double frees, foreign pointers and size mismatches are rejected before any upstream call.
-    The adaptor belongs to the device that is current when it is constructed.
-
-    Examples
-    --------
-    >>> import rmm
-    >>> from rmm_fences import SyncOnFreeResourceAdaptor
-    >>> mr = SyncOnFreeResourceAdaptor(rmm.mr.CudaAsyncMemoryResource())
-    >>> rmm.mr.set_current_device_resource(mr)
+        Serves allocations that miss the cache; receives blocks on :meth:`release` and
+        when the resource is destroyed.
     """
-
-    def __init__(self, upstream_mr, mode="deferred", max_pending_bytes=None,
-                 max_batch_frees=default_max_batch_frees,
-                 max_batch_bytes=default_max_batch_bytes, reuse_on_stream=True):
-        pass
-
-
-cdef class _NaiveCachingMemoryResource(UpstreamResourceAdaptor):
     cdef unique_ptr[naive_caching_memory_resource] c_obj
 
     def __cinit__(self, DeviceMemoryResource upstream_mr):
@@ -354,27 +350,6 @@ cdef class _NaiveCachingMemoryResource(UpstreamResourceAdaptor):
     def misses(self) -> int:
         """Allocations that went to the upstream."""
         return deref(self.c_obj).misses()
-
-
-class NaiveCachingMemoryResource(_UpstreamFirst, _NaiveCachingMemoryResource):
-    """UNSAFE ON PURPOSE: a cache that reuses freed blocks on any stream without a fence.
-
-    A freed block is cached under its size and handed to the next allocation of that size,
-    on any stream, at once. If a kernel queued before the free still reads or writes the
-    block, the new owner races with it: silent corruption. This is the hazard that a custom
-    allocator backing CUB temp storage creates when it frees without a synchronization, and
-    this class exists to reproduce it. Never use it for real work; wrap it in
-    :class:`rmm_fences.SyncOnFreeResourceAdaptor` to make it safe.
-
-    Parameters
-    ----------
-    upstream_mr : DeviceMemoryResource
-        Serves allocations that miss the cache; receives blocks on :meth:`release` and
-        when the resource is destroyed.
-    """
-
-    def __init__(self, upstream_mr):
-        pass
 
 
 cdef object _pool_sizes(initial_pool_size, maximum_pool_size):
@@ -462,7 +437,57 @@ cdef object _pool_retire(stream_ordered_pool_memory_resource* mr, object stream)
         mr.retire_stream(c_stream)
 
 
-cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
+cdef class StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
+    """StreamOrderedPoolMemoryResource(upstream_mr, initial_pool_size=0, maximum_pool_size=None,
+  maximum_growth_size=None)
+--
+
+A pool that is safe without any host synchronization: reuse follows stream order.
+
+    Parameters
+    ----------
+    upstream_mr : DeviceMemoryResource
+        Where chunks come from.
+    initial_pool_size : int, str or None
+        Bytes taken from the upstream at construction (``"1GiB"`` accepted). ``0`` (default):
+        nothing until the first allocation, then the request rounded up to 2 MiB. ``None``:
+        half the free device memory, as for ``rmm.mr.PoolMemoryResource`` (whose default it
+        is; rmm computes it). The defaults differ on purpose: a pool that starts empty and
+        grows on demand leaves the device to the processes beside it.
+    maximum_pool_size : int or str, optional
+        The most bytes the pool may hold. ``None`` (default): no bound.
+    maximum_growth_size : int or str, optional
+        The largest chunk one growth takes from the upstream beyond what the request needs:
+        a growth takes the larger of the request and ``min(pool_size(), maximum_growth_size)``.
+        ``None`` (default): chunks of whole 2 MiB; the pool doubles below 64 MiB, as rmm's
+        pool does, then a request of at least 1/8 of the pool gets a chunk of its own size
+        and a smaller one grows the pool by half, by at most 512 MiB beyond the request; a
+        small request takes a tight free block before splitting a big one its stream freed.
+        A bound limits each growth of a large pool,
+        at the cost of more chunks (a block never spans two, so a fragmented pool may grow
+        more).
+
+    Notes
+    -----
+    A block freed on stream S is reused on S at once (no CUDA call but the stream identity
+    query, none at all on the default stream). Another stream T
+    takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
+    free; S records a fence after each of its first 16 frees (the blocks stay in its cache,
+    covered: shared with that record when another stream runs short or S's slot is retired),
+    then one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes, its last
+    exact-size frees counted only once another stream ran short), and never while it is being
+    captured. A block freed while its stream is
+    captured belongs to the capture's graph until the graph and every executable graph
+    instantiated from it are destroyed. The pool grows as ``maximum_growth_size`` says (at most
+    ``maximum_growth_size`` beyond the request), trying smaller chunks when the upstream is
+    short, allocating each chunk on the requesting stream (on a pool-owned stream while the
+    requesting stream is captured). It never synchronizes the device on its own: only
+    :meth:`synchronize_and_reclaim` does, and the destructor when free blocks that no fence
+    covers remain. A null ``ptr`` is a no-op free; a double free, a foreign pointer or a wrong
+    size raises :class:`ValueError` and leaves the pool unchanged.
+    Streams that freed memory should be retired with :meth:`retire_stream` before they are
+    destroyed. The pool belongs to the device current at construction.
+    """
     cdef unique_ptr[stream_ordered_pool_memory_resource] c_obj
     cdef object _maximum_pool_size
     cdef object _maximum_growth_size
@@ -592,60 +617,50 @@ cdef class _StreamOrderedPoolMemoryResource(UpstreamResourceAdaptor):
         return deref(self.c_obj).stats()
 
 
-class StreamOrderedPoolMemoryResource(_UpstreamFirst, _StreamOrderedPoolMemoryResource):
-    """A pool that is safe without any host synchronization: reuse follows stream order.
+cdef class VmmPoolMemoryResource(DeviceMemoryResource):
+    """VmmPoolMemoryResource(initial_pool_size=0, maximum_pool_size=None, *, reserve_size=None,
+  remap_time_fraction=0.05)
+--
+
+The stream-ordered pool over device pages it maps itself (CUDA's virtual memory
+    management): the leanest footprint of the pools here.
+
+    The same rules as :class:`StreamOrderedPoolMemoryResource` (a block freed on a stream is
+    reused on it at once, elsewhere after a stream wait on a fence; no host synchronization),
+    but no upstream: the pool reserves one virtual address range and backs it with pages of
+    the device's minimum allocation granularity (2 MiB on current GPUs). It grows at the top
+    of its mapped range by what the free block there lacks, so free blocks merge across
+    growths. When a growth would make it hold more than 1/16 over the most bytes it had in
+    use, it first unmaps whole pages of free blocks whose work is done (a query found their
+    fences complete: an unmap takes effect at once) and maps those pages where it grows, as
+    long as such moves have taken at most ``remap_time_fraction`` of its time; past that it
+    maps more pages instead (it holds more, but never spends more time).
 
     Parameters
     ----------
-    upstream_mr : DeviceMemoryResource
-        Where chunks come from.
     initial_pool_size : int, str or None
-        Bytes taken from the upstream at construction (``"1GiB"`` accepted). ``0`` (default):
-        nothing until the first allocation, then the request rounded up to 2 MiB. ``None``:
-        half the free device memory, as for ``rmm.mr.PoolMemoryResource`` (whose default it
-        is; rmm computes it). The defaults differ on purpose: a pool that starts empty and
-        grows on demand leaves the device to the processes beside it.
+        Bytes mapped at construction (``"1GiB"`` accepted). ``0`` (default): nothing until
+        the first allocation. ``None``: half the free device memory.
     maximum_pool_size : int or str, optional
-        The most bytes the pool may hold. ``None`` (default): no bound.
-    maximum_growth_size : int or str, optional
-        The largest chunk one growth takes from the upstream beyond what the request needs:
-        a growth takes the larger of the request and ``min(pool_size(), maximum_growth_size)``.
-        ``None`` (default): chunks of whole 2 MiB; the pool doubles below 64 MiB, as rmm's
-        pool does, then a request of at least 1/8 of the pool gets a chunk of its own size
-        and a smaller one grows the pool by half, by at most 512 MiB beyond the request; a
-        small request takes a tight free block before splitting a big one its stream freed.
-        A bound limits each growth of a large pool,
-        at the cost of more chunks (a block never spans two, so a fragmented pool may grow
-        more).
+        The most bytes of pages the pool may hold (:meth:`physical_bytes`). ``None``
+        (default): no bound.
+    reserve_size : int or str, optional
+        The address space reserved, which the mapped range never passes (address space costs
+        no device memory). ``None`` (default): four times the device's memory.
+    remap_time_fraction : float, default 0.05
+        The most of its time, within ``[0, 1]``, the pool spends moving free pages (an unmap
+        and a map per page) to hold less memory once its peak in use stopped rising, kept over
+        any second or more. ``0``: pages move only while the peak rises, when the device is
+        out of memory or past ``maximum_pool_size``; ``1``: whenever the budget asks.
 
     Notes
     -----
-    A block freed on stream S is reused on S at once (no CUDA call but the stream identity
-    query, none at all on the default stream). Another stream T
-    takes it only after enqueuing ``cudaStreamWaitEvent`` on a fence recorded on S after the
-    free; S records a fence after each of its first 16 frees (the blocks stay in its cache,
-    covered: shared with that record when another stream runs short or S's slot is retired),
-    then one fence per batch (once it caches 32 blocks or 1/16 of the pool in bytes, its last
-    exact-size frees counted only once another stream ran short), and never while it is being
-    captured. A block freed while its stream is
-    captured belongs to the capture's graph until the graph and every executable graph
-    instantiated from it are destroyed. The pool grows as ``maximum_growth_size`` says (at most
-    ``maximum_growth_size`` beyond the request), trying smaller chunks when the upstream is
-    short, allocating each chunk on the requesting stream (on a pool-owned stream while the
-    requesting stream is captured). It never synchronizes the device on its own: only
-    :meth:`synchronize_and_reclaim` does, and the destructor when free blocks that no fence
-    covers remain. A null ``ptr`` is a no-op free; a double free, a foreign pointer or a wrong
-    size raises :class:`ValueError` and leaves the pool unchanged.
-    Streams that freed memory should be retired with :meth:`retire_stream` before they are
-    destroyed. The pool belongs to the device current at construction.
+    Costs: a growth maps its pages one by one (``cuMemCreate``, ``cuMemMap``, one
+    ``cuMemSetAccess``), and may unmap pages first (``cuMemUnmap``); the same-stream path is
+    the pool's. Pages cached by a stream since its last fence record, or held for a graph
+    that may still replay, are never unmapped. Raises ``RuntimeError`` where the driver lacks
+    the virtual memory API. The pool belongs to the device current at construction.
     """
-
-    def __init__(self, upstream_mr, initial_pool_size=0, maximum_pool_size=None,
-                 maximum_growth_size=None):
-        pass
-
-
-cdef class _VmmPoolMemoryResource(DeviceMemoryResource):
     cdef unique_ptr[stream_ordered_pool_memory_resource] c_obj
     cdef object _maximum_pool_size
     cdef object _reserve_size
@@ -736,52 +751,6 @@ cdef class _VmmPoolMemoryResource(DeviceMemoryResource):
         return deref(self.c_obj).stats()
 
 
-class VmmPoolMemoryResource(_VmmPoolMemoryResource):
-    """The stream-ordered pool over device pages it maps itself (CUDA's virtual memory
-    management): the leanest footprint of the pools here.
-
-    The same rules as :class:`StreamOrderedPoolMemoryResource` (a block freed on a stream is
-    reused on it at once, elsewhere after a stream wait on a fence; no host synchronization),
-    but no upstream: the pool reserves one virtual address range and backs it with pages of
-    the device's minimum allocation granularity (2 MiB on current GPUs). It grows at the top
-    of its mapped range by what the free block there lacks, so free blocks merge across
-    growths. When a growth would make it hold more than 1/16 over the most bytes it had in
-    use, it first unmaps whole pages of free blocks whose work is done (a query found their
-    fences complete: an unmap takes effect at once) and maps those pages where it grows, as
-    long as such moves have taken at most ``remap_time_fraction`` of its time; past that it
-    maps more pages instead (it holds more, but never spends more time).
-
-    Parameters
-    ----------
-    initial_pool_size : int, str or None
-        Bytes mapped at construction (``"1GiB"`` accepted). ``0`` (default): nothing until
-        the first allocation. ``None``: half the free device memory.
-    maximum_pool_size : int or str, optional
-        The most bytes of pages the pool may hold (:meth:`physical_bytes`). ``None``
-        (default): no bound.
-    reserve_size : int or str, optional
-        The address space reserved, which the mapped range never passes (address space costs
-        no device memory). ``None`` (default): four times the device's memory.
-    remap_time_fraction : float, default 0.05
-        The most of its time, within ``[0, 1]``, the pool spends moving free pages (an unmap
-        and a map per page) to hold less memory once its peak in use stopped rising, kept over
-        any second or more. ``0``: pages move only while the peak rises, when the device is
-        out of memory or past ``maximum_pool_size``; ``1``: whenever the budget asks.
-
-    Notes
-    -----
-    Costs: a growth maps its pages one by one (``cuMemCreate``, ``cuMemMap``, one
-    ``cuMemSetAccess``), and may unmap pages first (``cuMemUnmap``); the same-stream path is
-    the pool's. Pages cached by a stream since its last fence record, or held for a graph
-    that may still replay, are never unmapped. Raises ``RuntimeError`` where the driver lacks
-    the virtual memory API. The pool belongs to the device current at construction.
-    """
-
-    def __init__(self, initial_pool_size=0, maximum_pool_size=None, *, reserve_size=None,
-                 remap_time_fraction=0.05):
-        pass
-
-
 cdef cbool _python_stack(string& out) noexcept with gil:
     """The calling thread's Python frames (innermost last), if it has any."""
     try:
@@ -845,7 +814,79 @@ def _check_tracker_options(upstream_stream_ordered, capture_stacks, on_hazard, n
             f"{type(upstream_stream_ordered).__name__}")
 
 
-cdef class _HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
+cdef class HazardTrackingResourceAdaptor(UpstreamResourceAdaptor):
+    """HazardTrackingResourceAdaptor(upstream_mr, *, upstream_stream_ordered=None,
+  capture_stacks=False, on_hazard="warn", nvtx=True, report_at_exit=False)
+--
+
+Track every live allocation and report the hazards of freeing while work may use it.
+
+    Parameters
+    ----------
+    upstream_mr : DeviceMemoryResource
+        Serves the allocations.
+    upstream_stream_ordered : bool, optional
+        Whether the upstream orders reuse by stream, or frees synchronously. ``None``
+        (default): inferred from the resource's ``stream_ordered`` in
+        ``rmm_fences.specs.RESOURCES`` -- ``CudaAsyncMemoryResource``, ``PoolMemoryResource``,
+        ``ArenaMemoryResource``, ``BinningMemoryResource``, ``FixedSizeMemoryResource``,
+        :class:`rmm_fences.StreamOrderedPoolMemoryResource` and
+        :class:`rmm_fences.SyncOnFreeResourceAdaptor` are stream-ordered,
+        ``CudaMemoryResource`` and ``ManagedMemoryResource`` free synchronously; statistics,
+        limiting, logging and tracking adaptors take their upstream's answer; anything else
+        (``rmm_fences.unsafe``, callback resources) is treated as not stream-ordered.
+    capture_stacks : bool
+        Record where each allocation and hazard came from: Python frames when the call came
+        through Python, native frames otherwise. Off by default (it costs microseconds).
+    on_hazard : {"warn", "raise", "record"}
+        ``"warn"`` (default): a :class:`HazardWarning` when a hazard is seen, and a record.
+        ``"raise"``: calls made from Python through :meth:`allocate` and :meth:`deallocate`
+        raise :class:`HazardError` before anything reaches the upstream; hazards seen in
+        calls from C++ (``DeviceBuffer``, CuPy, cuda.compute) are recorded and raised by the
+        next :meth:`check`. ``"record"``: only record.
+    nvtx : bool
+        Register each allocation as an NVTX memory region of its device allocation (a pool
+        chunk), so that ``compute-sanitizer --tool memcheck`` flags accesses outside the
+        sub-allocation. Free without a tool attached. Default ``True``.
+    report_at_exit : bool
+        At interpreter exit, record the allocations still live as ``leak`` hazards and print
+        :meth:`report` to stderr if there is any hazard. Default ``False``.
+
+    Notes
+    -----
+    Hazards (the names of docs/design.md#hazards):
+
+    - ``double_free``, ``foreign_free``, ``size_mismatch``: never reach the upstream.
+    - ``freed_in_flight``: over an upstream that is not stream-ordered, a stream that used the
+      block (the freeing stream, the allocation stream, declared streams) still had work
+      queued at the free (an event recorded at the free is queried).
+    - ``reuse_before_fence``: over such an upstream, a block handed out on a stream while the
+      fence of its previous free on another stream had not completed.
+    - ``cross_stream_free``: freed on a stream other than its allocation stream without being
+      ordered after the work queued there: the fence recorded at the free completed while
+      that work still ran. Declaring the use with :meth:`record_stream` orders the free. A
+      free that cannot be ordered after another thread's per-thread default stream (its
+      allocation stream or a declared one) is reported at once, and counted as unchecked.
+    - ``allocated_while_live``: the upstream handed out an address that is still live; both
+      allocations are tracked (each free takes the one of its size).
+    - ``leak``: live at :meth:`report` or, with ``report_at_exit``, at exit.
+
+    The tracker sees streams only through allocations, frees and :meth:`record_stream`: a
+    block used on a stream it was never told about is invisible to it. Over a stream-ordered
+    upstream a free on the allocation stream makes no CUDA call. A check that cannot be made
+    is counted in ``stats["unchecked"]``, never passed nor reported falsely: while the stream
+    involved is being captured, when an event record, query or stream wait fails, for
+    another thread's per-thread default stream. Streams are identified by their handle, the
+    per-thread default stream by handle and thread.
+
+    Examples
+    --------
+    >>> import rmm
+    >>> from rmm_fences import HazardTrackingResourceAdaptor
+    >>> mr = HazardTrackingResourceAdaptor(rmm.mr.CudaAsyncMemoryResource())
+    >>> rmm.mr.set_current_device_resource(mr)
+    >>> print(mr.report())  # doctest: +SKIP
+    """
     cdef unique_ptr[hazard_tracking_resource_adaptor] c_obj
     cdef readonly str on_hazard
     cdef readonly cbool upstream_stream_ordered
@@ -1066,83 +1107,11 @@ def _infer_stream_ordered(mr) -> bool:
     return _stream_ordered(mr)
 
 
-class HazardTrackingResourceAdaptor(_UpstreamFirst, _HazardTrackingResourceAdaptor):
-    """Track every live allocation and report the hazards of freeing while work may use it.
-
-    Parameters
-    ----------
-    upstream_mr : DeviceMemoryResource
-        Serves the allocations.
-    upstream_stream_ordered : bool, optional
-        Whether the upstream orders reuse by stream, or frees synchronously. ``None``
-        (default): inferred from the resource's ``stream_ordered`` in
-        ``rmm_fences.specs.RESOURCES`` -- ``CudaAsyncMemoryResource``, ``PoolMemoryResource``,
-        ``ArenaMemoryResource``, ``BinningMemoryResource``, ``FixedSizeMemoryResource``,
-        :class:`rmm_fences.StreamOrderedPoolMemoryResource` and
-        :class:`rmm_fences.SyncOnFreeResourceAdaptor` are stream-ordered,
-        ``CudaMemoryResource`` and ``ManagedMemoryResource`` free synchronously; statistics,
-        limiting, logging and tracking adaptors take their upstream's answer; anything else
-        (``rmm_fences.unsafe``, callback resources) is treated as not stream-ordered.
-    capture_stacks : bool
-        Record where each allocation and hazard came from: Python frames when the call came
-        through Python, native frames otherwise. Off by default (it costs microseconds).
-    on_hazard : {"warn", "raise", "record"}
-        ``"warn"`` (default): a :class:`HazardWarning` when a hazard is seen, and a record.
-        ``"raise"``: calls made from Python through :meth:`allocate` and :meth:`deallocate`
-        raise :class:`HazardError` before anything reaches the upstream; hazards seen in
-        calls from C++ (``DeviceBuffer``, CuPy, cuda.compute) are recorded and raised by the
-        next :meth:`check`. ``"record"``: only record.
-    nvtx : bool
-        Register each allocation as an NVTX memory region of its device allocation (a pool
-        chunk), so that ``compute-sanitizer --tool memcheck`` flags accesses outside the
-        sub-allocation. Free without a tool attached. Default ``True``.
-    report_at_exit : bool
-        At interpreter exit, record the allocations still live as ``leak`` hazards and print
-        :meth:`report` to stderr if there is any hazard. Default ``False``.
-
-    Notes
-    -----
-    Hazards (the names of docs/design.md#hazards):
-
-    - ``double_free``, ``foreign_free``, ``size_mismatch``: never reach the upstream.
-    - ``freed_in_flight``: over an upstream that is not stream-ordered, a stream that used the
-      block (the freeing stream, the allocation stream, declared streams) still had work
-      queued at the free (an event recorded at the free is queried).
-    - ``reuse_before_fence``: over such an upstream, a block handed out on a stream while the
-      fence of its previous free on another stream had not completed.
-    - ``cross_stream_free``: freed on a stream other than its allocation stream without being
-      ordered after the work queued there: the fence recorded at the free completed while
-      that work still ran. Declaring the use with :meth:`record_stream` orders the free. A
-      free that cannot be ordered after another thread's per-thread default stream (its
-      allocation stream or a declared one) is reported at once, and counted as unchecked.
-    - ``allocated_while_live``: the upstream handed out an address that is still live; both
-      allocations are tracked (each free takes the one of its size).
-    - ``leak``: live at :meth:`report` or, with ``report_at_exit``, at exit.
-
-    The tracker sees streams only through allocations, frees and :meth:`record_stream`: a
-    block used on a stream it was never told about is invisible to it. Over a stream-ordered
-    upstream a free on the allocation stream makes no CUDA call. A check that cannot be made
-    is counted in ``stats["unchecked"]``, never passed nor reported falsely: while the stream
-    involved is being captured, when an event record, query or stream wait fails, for
-    another thread's per-thread default stream. Streams are identified by their handle, the
-    per-thread default stream by handle and thread.
-
-    Examples
-    --------
-    >>> import rmm
-    >>> from rmm_fences import HazardTrackingResourceAdaptor
-    >>> mr = HazardTrackingResourceAdaptor(rmm.mr.CudaAsyncMemoryResource())
-    >>> rmm.mr.set_current_device_resource(mr)
-    >>> print(mr.report())  # doctest: +SKIP
-    """
-
-    def __init__(self, upstream_mr, *, upstream_stream_ordered=None, capture_stacks=False,
-                 on_hazard="warn", nvtx=True, report_at_exit=False):
-        pass
-
-
 cdef class UnmappingVmmMemoryResource(DeviceMemoryResource):
-    """UNSAFE ON PURPOSE: CUDA virtual memory whose free unmaps the physical memory at once.
+    """UnmappingVmmMemoryResource(reserve_size="64GiB", device=None)
+--
+
+UNSAFE ON PURPOSE: CUDA virtual memory whose free unmaps the physical memory at once.
 
     Reserves one virtual address range at construction (``cuMemAddressReserve``); each
     allocation takes a piece of it, in multiples of the device's allocation granularity, and
@@ -1182,9 +1151,6 @@ cdef class UnmappingVmmMemoryResource(DeviceMemoryResource):
             self.c_obj.reset(new unmapping_vmm_memory_resource(
                 nbytes, cuda_device_id(self.device)))
         self.c_ref = make_device_async_resource_ref(deref(self.c_obj))
-
-    def __init__(self, reserve_size="64GiB", device=None):
-        pass
 
     def __repr__(self):
         return (f"{type(self).__name__}(reserve_size={self.reserve_size}, "
