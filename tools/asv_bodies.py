@@ -25,6 +25,7 @@ tools/asv_report.py prints above the tables it renders from the file.
 """
 
 import argparse
+import functools
 import json
 import pathlib
 import subprocess
@@ -348,24 +349,23 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "run":
         sys.path.insert(0, str(ASV))
-        runs = {"replay": run_replay, "streams": run_streams, "dataframes": run_dataframes}
         if args.rounds < 1:
             parser.error(f"--rounds {args.rounds}: expected a positive number of runs")
         if args.resume and args.what != "dataframes":
             parser.error("--resume: only for dataframes")
-        done, stamped = set(), False
-        if args.resume and pathlib.Path(args.resume).is_file():
-            for line in pathlib.Path(args.resume).read_text().splitlines():
-                r = json.loads(line)
-                stamped |= "environment" in r
-                if "bench" in r:
-                    done.add((r["bench"], r["param"], r["chain"]))
-        if not stamped:
+        resumed = pathlib.Path(args.resume) if args.resume else None
+        written = []  # the rows of the interrupted run's file
+        if resumed is not None and resumed.is_file():
+            written = [json.loads(x) for x in resumed.read_text().splitlines() if x.strip()]
+        done = {(r["bench"], r["param"], r["chain"]) for r in written if "bench" in r}
+        runs = {
+            "replay": run_replay,
+            "streams": run_streams,
+            "dataframes": functools.partial(run_dataframes, rounds=args.rounds, done=done),
+        }
+        if not any("environment" in r for r in written):
             print(json.dumps({"environment": recorded_environment()}), flush=True)
-        if args.what == "dataframes":
-            run_dataframes(sys.stdout, rounds=args.rounds, done=done)
-        else:
-            runs[args.what](sys.stdout)
+        runs[args.what](sys.stdout)
     else:
         tables = {"replay": table_replay, "streams": table_streams, "dataframes": table_dataframes}
         print(tables[args.what](args.path))
