@@ -384,3 +384,68 @@ def test_files_short_of_memory_run_again_alone(suite, tmp_path, monkeypatch):
     )
     assert "again, alone" not in again.stderr
     assert "--resume: 6 file(s) already done, 0 to run" in again.stderr
+
+
+WARNS_AT_IMPORT = """
+    import warnings
+
+    warnings.warn("the 'generic' unit is deprecated", DeprecationWarning)
+    """
+
+
+@pytest.mark.parametrize("rapids", ["1", ""])
+def test_rapids_suites_import_numba_cuda_before_their_conftest(tmp_path, rapids):
+    """cuDF's conftest imports cuDF, which imports a numba-cuda module that warns on numpy 2.5,
+    and its suite makes warnings errors: the plugin imports that module, the warning ignored,
+    before any conftest (in pytest_configure it came too late and no file was collected). A
+    stand-in numba that warns the same way; without RMM_FENCES_DS_RAPIDS the conftest fails."""
+    fake = tmp_path / "site" / "numba" / "cuda" / "np"
+    fake.mkdir(parents=True)
+    for d in (fake, fake.parent, fake.parent.parent):
+        (d / "__init__.py").write_text("")
+    (fake / "npdatetime_helpers.py").write_text(textwrap.dedent(WARNS_AT_IMPORT))
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
+    (suite / "conftest.py").write_text("import numba.cuda.np.npdatetime_helpers  # noqa: F401\n")
+    (suite / "test_a.py").write_text("def test_a():\n    pass\n")
+    env = dict(
+        os.environ,
+        RMM_FENCES_DS_RAPIDS=rapids,
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+        PYTHONPATH=os.pathsep.join([str(TOOLS / "downstream"), str(tmp_path / "site")]),
+    )
+    for name in ("PYTEST_ADDOPTS", "RMM_FENCES_DS_FAKE", "RMM_FENCES_DS_CHAIN"):
+        env.pop(name, None)  # no chain: the plugin imports neither rmm nor cupy
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "plugin", "-p", "no:cacheprovider", "-q"],
+        cwd=suite,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if rapids:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "1 passed" in r.stdout
+    else:
+        assert r.returncode == 4, r.stdout + r.stderr
+        assert "DeprecationWarning" in r.stdout + r.stderr
+
+
+def test_chain_resource_builds_the_chain_in_a_spawned_process(monkeypatch):
+    """A process a cudf-polars test spawns inherits the variable naming plugin.chain_resource
+    but never ran the plugin's configure: the chain is built there from RMM_FENCES_DS_CHAIN,
+    once (it returned None, and cudf-polars' child process died on it)."""
+    plugin = load_script(TOOLS / "downstream" / "plugin.py", "ds_plugin_spawned")
+    built = []
+    monkeypatch.setattr(plugin, "_build", lambda spec: built.append(spec) or object())
+    monkeypatch.setenv("RMM_FENCES_DS_CHAIN", "pool(cuda_async)")
+    first = plugin.chain_resource()
+    assert first is not None
+    assert plugin.chain_resource() is first
+    assert built == ["pool(cuda_async)"]
+    monkeypatch.setattr(plugin, "_chain", None)
+    monkeypatch.setenv("RMM_FENCES_DS_CHAIN", "")
+    with pytest.raises(RuntimeError, match="RMM_FENCES_DS_CHAIN is empty"):
+        plugin.chain_resource()

@@ -16,15 +16,17 @@ Environment:
     unraisable-exception warnings), each test's outcome (so a process that crashed still
     reports the tests it finished), and at the end the tracker's hazards.
 ``RMM_FENCES_DS_RAPIDS``
-    ``1`` for cuDF's and cudf-polars' suites: numpy gets back ``row_stack`` where it lacks it
-    (numba-cuda <= 0.30.4 registers it, so ``import cudf`` fails on numpy 2.5 without it) and
-    numba-cuda's module that warns on numpy 2.5 is imported once with the warning ignored (cuDF's
-    suite makes warnings errors, so every file failed at collection), and,
-    under a chain, cudf-polars' own memory resources are the chain: its in-memory engine builds
-    the resource that ``CUDF_POLARS__MEMORY_RESOURCE_CONFIG__QUALNAME`` names
-    (``plugin.chain_resource``) around every query, and its streaming engine the one of
-    ``MemoryResourceConfig.default()`` (patched to name the same). A test that passes its own
-    ``memory_resource`` keeps it.
+    ``1`` for cuDF's and cudf-polars' suites: before the suite's ``conftest.py`` is imported
+    (which imports cuDF), numpy gets back ``row_stack`` where it lacks it (numba-cuda <= 0.30.4
+    registers it, so ``import cudf`` fails on numpy 2.5 without it) and numba-cuda's module that
+    warns on numpy 2.5 is imported once with the warning ignored (cuDF's suite makes warnings
+    errors, so its conftest would fail to import). Under a chain, cudf-polars' own memory
+    resources are the chain: its in-memory engine builds the resource that
+    ``CUDF_POLARS__MEMORY_RESOURCE_CONFIG__QUALNAME`` names (``plugin.chain_resource``) around
+    every query, and its streaming engine the one of ``MemoryResourceConfig.default()`` (patched
+    to name the same). A test that passes its own ``memory_resource`` keeps it. A process such a
+    test spawns inherits the variable and builds its own chain from ``RMM_FENCES_DS_CHAIN``
+    (its tracker's hazards are not reported).
 ``RMM_FENCES_DS_FAKE``
     ``1``: build and install nothing (no chain, no CuPy allocator, no rmm or cupy import), only
     log as above; the harness's CPU tests (``tests/downstream/test_downstream_harness.py``) run
@@ -72,12 +74,8 @@ def pytest_configure(config):
     if fake:
         return
     rapids = os.environ.get("RMM_FENCES_DS_RAPIDS", "") == "1"
-    if rapids:
-        _numpy_row_stack()
     if spec:
-        from rmm_fences.specs import compose
-
-        _chain = compose(spec)
+        _chain = _build(spec)
         _install()
         if rapids:
             _route_cudf_polars()
@@ -98,9 +96,35 @@ def pytest_configure(config):
             )
 
 
+def _build(spec):
+    from rmm_fences.specs import compose
+
+    return compose(spec)
+
+
 def chain_resource():
-    """The chain, for cudf-polars' ``MemoryResourceConfig(qualname="plugin.chain_resource")``."""
+    """The chain, for cudf-polars' ``MemoryResourceConfig(qualname="plugin.chain_resource")``.
+
+    In a process a test spawned (the variable naming this function is inherited, this plugin's
+    configure never ran there) the chain is built from ``RMM_FENCES_DS_CHAIN`` on first use;
+    returning None there handed cudf-polars no resource and killed the process."""
+    global _chain
+    if _chain is None:
+        spec = os.environ.get("RMM_FENCES_DS_CHAIN", "")
+        if not spec:
+            raise RuntimeError(
+                "plugin.chain_resource: RMM_FENCES_DS_CHAIN is empty, so there is no chain "
+                "to hand to cudf-polars"
+            )
+        _chain = _build(spec)
     return _chain
+
+
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Before the suite's conftest.py is imported (cuDF's imports cuDF): see
+    RMM_FENCES_DS_RAPIDS. Imports neither rmm nor cupy, so it runs under RMM_FENCES_DS_FAKE too."""
+    if os.environ.get("RMM_FENCES_DS_RAPIDS", "") == "1":
+        _numpy_row_stack()
 
 
 def _numpy_row_stack():
