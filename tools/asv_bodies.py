@@ -11,6 +11,8 @@ bodies of asv_bench/benchmarks/:
     python tools/asv_bodies.py table streams streams.jsonl
     python tools/asv_bodies.py run dataframes > dataframes.jsonl   # asv's dataframes.py
     python tools/asv_bodies.py table dataframes <file>.jsonl
+    python tools/asv_bodies.py run native > native.jsonl  # alloc_free.py, reduce.py's plan loop
+    python tools/asv_bodies.py table native native.jsonl
 
 ``run replay`` follows ``Replay``: one ordered replay of a fresh chain for the footprint, then
 the free-running timed replays (``track_allocations_per_s``); ``run streams`` calls
@@ -19,7 +21,13 @@ after 100, 2 000 and 20 000 short-lived streams (``StreamSlots``' measure at thr
 ``run dataframes`` sets up ``CudfPipeline`` and ``PdsH`` per parameter (a warm-up run under the
 footprint meter) and times ``--rounds`` runs (default ``ROUNDS``; ``--resume FILE`` appends to
 an interrupted run's FILE, leaving out the cases it holds); the chains of one parameter follow
-each other, so that they see the same state of the machine. The first line of every run is
+each other, so that they see the same state of the machine. ``run native`` measures
+``AllocFree`` (the native pair: the median of three loops; the Python pair: the median of
+three timed calls), ``DeferredFence``, ``TrackingOverhead``, ``FenceCalls`` (on a created
+stream, as the pairs) and ``CubTempStoragePlanLoop``'s ratio to the preallocated call; its
+table adds where the rmm_fences pool's pair goes: the two stream lookups' CUDA calls
+(``cuStreamIsCapturing`` and ``cuStreamGetId``, once for the allocation and once for the free)
+and the rest (the pool's own work: its cache, lock and lists). The first line of every run is
 ``{"environment": ...}``: the commit, GPU, driver and package versions it ran on, which
 tools/asv_report.py prints above the tables it renders from the file.
 """
@@ -66,7 +74,8 @@ def _run_body(bench, args, row, out, measure):
     except NotImplementedError as exc:
         row["skipped"] = str(exc)
     finally:
-        bench.teardown(*args)
+        if hasattr(bench, "teardown"):
+            bench.teardown(*args)
     print(json.dumps(row), file=out, flush=True)
 
 
@@ -133,6 +142,70 @@ def run_streams(out):
             "stats": stats,
         }
         print(json.dumps(row), file=out, flush=True)
+
+
+def run_native(out):
+    import statistics
+    import time
+
+    from benchmarks import alloc_free as A
+    from benchmarks import reduce as Rd
+    from benchmarks._common import CHAINS, streams
+
+    def pair(b, chain, nbytes):
+        native = statistics.median(b.track_native_pair_ns(chain, nbytes) for _ in range(3))
+        python = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            b.time_python_pairs(chain, nbytes)
+            python.append((time.perf_counter() - t0) / A.PAIRS * 1e6)
+        return {"native_ns": native, "python_us": statistics.median(python)}
+
+    for chain in CHAINS:
+        for nbytes in A.SIZES:
+            row = {"bench": "AllocFree", "chain": chain, "nbytes": nbytes}
+            _run_body(A.AllocFree(), (chain, nbytes), row, out, pair)
+    for upstream in A.DeferredFence.params[0]:
+        row = {"bench": "DeferredFence", "upstream": upstream}
+        _run_body(
+            A.DeferredFence(),
+            (upstream,),
+            row,
+            out,
+            lambda b, u: {"ns": b.track_cost_per_free_ns(u)},
+        )
+    for upstream in A.UPSTREAMS:
+        row = {"bench": "TrackingOverhead", "upstream": upstream}
+        _run_body(
+            A.TrackingOverhead(),
+            (upstream,),
+            row,
+            out,
+            lambda b, u: {
+                "native_ratio": b.track_native_ratio(u),
+                "python_ratio": b.track_python_ratio(u),
+            },
+        )
+
+    def calls(b):
+        from rmm_fences_bench import fence_call_ns
+
+        _, (stream,) = streams()
+        return {"ns": fence_call_ns(stream=stream)}
+
+    _run_body(
+        A.FenceCalls(), ("cu_stream_get_id",), {"bench": "FenceCalls"}, out, lambda b, _: calls(b)
+    )
+    for chain in CHAINS:
+        for n in Rd.SIZES:
+            row = {"bench": "CubTempStoragePlanLoop", "chain": chain, "n": n}
+            _run_body(
+                Rd.CubTempStoragePlanLoop(),
+                (chain, n),
+                row,
+                out,
+                lambda b, c, n: {"ratio": b.track_ratio_to_preallocated(c, n)},
+            )
 
 
 #: Timed runs per benchmark parameter and chain in ``run dataframes`` (the median is reported).
@@ -212,6 +285,100 @@ def table_dataframes(path):
                     f"| {statistics.median(p):.3f}x | {max(p):.3f}x |"
                 )
     return "\n".join(lines)
+
+
+#: The parts of ``table native``, in order (``part=`` of tools/asv_report.py's kind ``native``).
+NATIVE_PARTS = ("pairs", "python", "over", "calls", "floor", "plan")
+
+
+def _size_label(n, suffix="B"):
+    for unit, k in (("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}{suffix}"
+    return f"{n} {suffix}".strip()
+
+
+def _num(x):
+    if x >= 1e5:
+        return f"{x:.3g}"
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def _per_size(values, peers, suffix="B", fmt=_num):
+    """{(chain, size): value} as a row per chain, a column per size; each cell the value and
+    its ratio to each peer of the same size."""
+    chains = list(dict.fromkeys(c for c, _ in values))
+    sizes = list(dict.fromkeys(n for _, n in values))
+    lines = [
+        "| chain | " + " | ".join(_size_label(n, suffix) for n in sizes) + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
+    for c in chains:
+        cells = []
+        for n in sizes:
+            v = values.get((c, n))
+            if v is None:
+                cells.append("-")
+                continue
+            ratios = [
+                "1x" if p == c else f"{v / values[(p, n)]:.2f}x"
+                for p in peers
+                if values.get((p, n))
+            ]
+            cells.append(fmt(v) + (f" ({' / '.join(ratios)})" if ratios else ""))
+        lines.append(f"| `{c}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table_native(path, part=None):
+    """The tables of ``run native`` (``part``: one of NATIVE_PARTS; None: all, in order)."""
+    rows = [r for r in _rows(path) if "skipped" not in r]
+    by = {}
+    for r in rows:
+        by.setdefault(r["bench"], []).append(r)
+    pairs = by.get("AllocFree", [])
+    peers = ("rmm_pool", "cuda_async")
+    calls = next((r["ns"] for r in by.get("FenceCalls", [])), {})
+    parts = {}
+    parts["pairs"] = _per_size({(r["chain"], r["nbytes"]): r["native_ns"] for r in pairs}, peers)
+    parts["python"] = _per_size({(r["chain"], r["nbytes"]): r["python_us"] for r in pairs}, peers)
+    over = [
+        "| over its upstream | deferred SyncOnFree, ns per free | tracker, native pair | "
+        "tracker, Python pair |",
+        "|---|---:|---:|---:|",
+    ]
+    fences = {r["upstream"]: r["ns"] for r in by.get("DeferredFence", [])}
+    tracked = {r["upstream"]: r for r in by.get("TrackingOverhead", [])}
+    for u in dict.fromkeys([*fences, *tracked]):
+        t = tracked.get(u)
+        cells = [
+            _num(fences[u]) if u in fences else "-",
+            f"{t['native_ratio']:.2f}x" if t else "-",
+            f"{t['python_ratio']:.2f}x" if t else "-",
+        ]
+        over.append(f"| `{u}` | " + " | ".join(cells) + " |")
+    parts["over"] = "\n".join(over)
+    parts["calls"] = "\n".join(
+        ["| CUDA call | ns |", "|---|---:|"]
+        + [f"| `{k}` | {_num(v)} |" for k, v in calls.items() if v]
+    )
+    floor = [
+        "| block | pair ns | stream lookups' CUDA calls ns | the rest ns |",
+        "|---|---:|---:|---:|",
+    ]
+    lookup = 2 * (calls.get("cu_stream_is_capturing", 0) + calls.get("cu_stream_get_id", 0))
+    for r in pairs:
+        if r["chain"] == "rmm_fences_pool" and lookup:
+            floor.append(
+                f"| {_size_label(r['nbytes'])} | {_num(r['native_ns'])} | {_num(lookup)} "
+                f"| {_num(r['native_ns'] - lookup)} |"
+            )
+    parts["floor"] = "\n".join(floor)
+    plan = {(r["chain"], r["n"]): r["ratio"] for r in by.get("CubTempStoragePlanLoop", [])}
+    parts["plan"] = _per_size(plan, (), suffix="", fmt=lambda x: f"{x:.3f}x")
+    if part is not None:
+        return parts[part]
+    return "\n\n".join(parts[p] for p in NATIVE_PARTS)
 
 
 def _rows(path):
@@ -332,7 +499,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the bodies on a GPU host: JSON lines on stdout")
-    run.add_argument("what", choices=["replay", "streams", "dataframes"])
+    run.add_argument("what", choices=["replay", "streams", "dataframes", "native"])
     run.add_argument(
         "--rounds", type=int, default=ROUNDS, help=f"dataframes: timed runs (default {ROUNDS})"
     )
@@ -343,7 +510,7 @@ def main(argv=None):
         "print no environment line when FILE has one",
     )
     table = sub.add_parser("table", help="markdown tables from a JSON-lines file")
-    table.add_argument("what", choices=["replay", "streams", "dataframes"])
+    table.add_argument("what", choices=["replay", "streams", "dataframes", "native"])
     table.add_argument("path")
     table.add_argument("--png", help="replay only: also write the chart to this file (matplotlib)")
     args = parser.parse_args(argv)
@@ -362,12 +529,18 @@ def main(argv=None):
             "replay": run_replay,
             "streams": run_streams,
             "dataframes": functools.partial(run_dataframes, rounds=args.rounds, done=done),
+            "native": run_native,
         }
         if not any("environment" in r for r in written):
             print(json.dumps({"environment": recorded_environment()}), flush=True)
         runs[args.what](sys.stdout)
     else:
-        tables = {"replay": table_replay, "streams": table_streams, "dataframes": table_dataframes}
+        tables = {
+            "replay": table_replay,
+            "streams": table_streams,
+            "dataframes": table_dataframes,
+            "native": table_native,
+        }
         print(tables[args.what](args.path))
         if args.png:
             if args.what != "replay":

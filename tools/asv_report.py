@@ -434,6 +434,16 @@ def render_dataframes(path, rel, options):
     return _env_meta(rel, _jsonl_environment(path)), bodies.table_dataframes(path)
 
 
+def render_native(path, rel, options):
+    """``tools/asv_bodies.py run native``'s tables; ``part=NAME`` (one of its NATIVE_PARTS:
+    pairs, python, over, calls, floor, plan) renders that table alone."""
+    bodies = _tool("asv_bodies.py")
+    part = options.get("part")
+    if part is not None and part not in bodies.NATIVE_PARTS:
+        raise ValueError(f"part={part}: expected one of {', '.join(bodies.NATIVE_PARTS)}")
+    return _env_meta(rel, _jsonl_environment(path)), bodies.table_native(path, part)
+
+
 def render_reduce_plan(path, rel, options):
     """Rows {chain, n, ratio} of ``CubTempStoragePlanLoop.track_ratio_to_preallocated``: a row
     per chain, a column per n."""
@@ -529,6 +539,7 @@ KINDS = {
     "replay": render_replay,
     "streams": render_streams,
     "dataframes": render_dataframes,
+    "native": render_native,
     "reduce-plan": render_reduce_plan,
     "stress": render_stress,
     "torch-hazards": render_torch_hazards,

@@ -170,3 +170,77 @@ def test_dataframes_resume_leaves_out_the_cases_an_interrupted_run_wrote(tmp_pat
     with pytest.raises(SystemExit):
         bodies.main(["run", "dataframes", "--rounds", "0"])
     assert "--rounds 0" in capsys.readouterr().err
+
+
+def test_native_tables_give_ratios_and_where_the_pool_pair_goes(tmp_path):
+    """table native: the pair per chain and size over rmm's pool and CudaAsync; what the
+    deferred fence and the tracker add over each upstream; the CUDA calls; the pool's pair less
+    its two stream lookups' calls (cuStreamIsCapturing + cuStreamGetId, twice); the plan loop."""
+    rows = [{"environment": {}}]
+    for chain, ns in (("rmm_fences_pool", 100.0), ("rmm_pool", 4000.0), ("cuda_async", 1000.0)):
+        rows.append(
+            {"bench": "AllocFree", "chain": chain, "nbytes": 1 << 20, "native_ns": ns,
+             "python_us": ns / 100}
+        )  # fmt: skip
+    rows += [
+        {"bench": "AllocFree", "chain": "cuda", "nbytes": 256, "skipped": "needs a CUDA GPU"},
+        {"bench": "DeferredFence", "upstream": "rmm_pool", "ns": 250.0},
+        {"bench": "TrackingOverhead", "upstream": "rmm_fences_pool", "native_ratio": 1.5,
+         "python_ratio": 1.2},
+        {"bench": "FenceCalls", "ns": {"cu_stream_is_capturing": 10.0, "cu_stream_get_id": 15.0,
+                                       "cu_event_record": 0}},
+        {"bench": "CubTempStoragePlanLoop", "chain": "rmm_fences_pool", "n": 1 << 20,
+         "ratio": 1.04},
+    ]  # fmt: skip
+    path = tmp_path / "native.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    bodies = asv_bodies()
+    pairs = bodies.table_native(path, "pairs")
+    assert "| `rmm_fences_pool` | 100.0 (0.03x / 0.10x) |" in pairs
+    assert "| `cuda_async` | 1000.0 (0.25x / 1x) |" in pairs
+    assert "cuda`" not in pairs.replace("cuda_async", "")  # skipped rows are left out
+    assert "| `rmm_fences_pool` | 1.00 (0.03x / 0.10x) |" in bodies.table_native(path, "python")
+    over = bodies.table_native(path, "over")
+    assert "| `rmm_pool` | 250.0 | - | - |" in over
+    assert "| `rmm_fences_pool` | - | 1.50x | 1.20x |" in over
+    calls = bodies.table_native(path, "calls")
+    assert "| `cu_stream_get_id` | 15.0 |" in calls and "cu_event_record" not in calls
+    assert "| 1 MiB | 100.0 | 50.0 | 50.0 |" in bodies.table_native(path, "floor")
+    assert "| `rmm_fences_pool` | 1.040x |" in bodies.table_native(path, "plan")
+    assert bodies.table_native(path).count("|---|") == len(bodies.NATIVE_PARTS)
+
+
+def test_run_native_runs_every_case_of_its_bodies(capsys):
+    """run native: the environment line, then a row per case of the bodies it runs (the bodies
+    themselves stubbed out: on a GPU they would run for minutes)."""
+    bodies = asv_bodies()
+    cases = []
+
+    def run_body(bench, args, row, out, measure):
+        cases.append((type(bench).__name__, args))
+        print(json.dumps(row), file=out)
+
+    bodies._run_body = run_body
+    assert bodies.main(["run", "native"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "environment" in rows[0]
+    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 + 5 + 1 + 7 * 4
+    assert {name for name, _ in cases} == {
+        "AllocFree", "DeferredFence", "TrackingOverhead", "FenceCalls", "CubTempStoragePlanLoop"
+    }  # fmt: skip
+    assert ("AllocFree", ("rmm_fences_pool", 1 << 20)) in cases
+    assert ("CubTempStoragePlanLoop", ("rmm_fences_pool", 1 << 20)) in cases
+
+
+def test_asv_report_renders_one_native_part_or_names_the_valid_ones(tmp_path):
+    path = tmp_path / "native.jsonl"
+    rows = [
+        {"environment": {"commit": "c"}},
+        {"bench": "FenceCalls", "ns": {"cu_stream_get_id": 9.0}},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    report = load_script(TOOLS / "asv_report.py")
+    _, body = report.render_native(path, "native.jsonl", {"part": "calls"})
+    assert body == "| CUDA call | ns |\n|---|---:|\n| `cu_stream_get_id` | 9.00 |"
+    with pytest.raises(ValueError, match="part=pair: expected one of pairs, python"):
+        report.render_native(path, "native.jsonl", {"part": "pair"})
