@@ -24,7 +24,8 @@ an interrupted run's FILE, leaving out the cases it holds); the chains of one pa
 each other, so that they see the same state of the machine. ``run native`` measures
 ``AllocFree`` (the native pair: the median of three loops; the Python pair: the median of
 three timed calls), ``DeferredFence``, ``TrackingOverhead``, ``FenceCalls`` (on a created
-stream, as the pairs) and ``CubTempStoragePlanLoop``'s ratio to the preallocated call; its
+stream, as the pairs), ``PageCalls`` (what moving a page of ``vmm_pool`` costs) and
+``CubTempStoragePlanLoop``'s ratio to the preallocated call; its
 table adds where the rmm_fences pool's pair goes: the two stream lookups' CUDA calls
 (``cuStreamIsCapturing`` and ``cuStreamGetId``, once for the allocation and once for the free)
 and the rest (the pool's own work: its cache, lock and lists). The first line of every run is
@@ -196,6 +197,13 @@ def run_native(out):
     _run_body(
         A.FenceCalls(), ("cu_stream_get_id",), {"bench": "FenceCalls"}, out, lambda b, _: calls(b)
     )
+
+    def pages(b):
+        from rmm_fences_bench import page_call_ns
+
+        return {"ns": page_call_ns()}
+
+    _run_body(A.PageCalls(), ("map",), {"bench": "PageCalls"}, out, lambda b, _: pages(b))
     for chain in CHAINS:
         for n in Rd.SIZES:
             row = {"bench": "CubTempStoragePlanLoop", "chain": chain, "n": n}
@@ -288,7 +296,7 @@ def table_dataframes(path):
 
 
 #: The parts of ``table native``, in order (``part=`` of tools/asv_report.py's kind ``native``).
-NATIVE_PARTS = ("pairs", "python", "over", "calls", "floor", "plan")
+NATIVE_PARTS = ("pairs", "python", "over", "calls", "floor", "pages", "plan")
 
 
 def _size_label(n, suffix="B"):
@@ -374,6 +382,19 @@ def table_native(path, part=None):
                 f"| {_num(r['native_ns'] - lookup)} |"
             )
     parts["floor"] = "\n".join(floor)
+    page = next((r["ns"] for r in by.get("PageCalls", [])), {})
+    lines = ["| driver call | ns |", "|---|---:|"]
+    if page.get("page"):
+        size = _size_label(int(page["page"]))
+        lines += [
+            f"| `cuMem{k[0].upper()}{k[1:]}` | {_num(page[k])} |"
+            for k in ("create", "map", "unmap", "release")
+        ]
+        lines.append(f"| `cuMemSetAccess` (a range of 64 pages) | {_num(page['set_access'])} |")
+        lines.append(
+            f"| a page of {size} moved (unmap + map) | {_num(page['unmap'] + page['map'])} |"
+        )
+    parts["pages"] = "\n".join(lines)
     plan = {(r["chain"], r["n"]): r["ratio"] for r in by.get("CubTempStoragePlanLoop", [])}
     parts["plan"] = _per_size(plan, (), suffix="", fmt=lambda x: f"{x:.3f}x")
     if part is not None:

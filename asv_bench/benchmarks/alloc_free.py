@@ -153,3 +153,22 @@ class FenceCalls:
         return fence_call_ns()[call]
 
     track_call_ns.unit = "ns"
+
+
+class PageCalls:
+    """Host ns per call of the driver calls a vmm_pool growth makes when it moves pages: 64
+    pages of the device's granularity mapped one by one, given access as one range, unmapped
+    one by one, 10 rounds (rmm_fences_bench.page_call_ns; set_access is per range)."""
+
+    params = [["create", "map", "set_access", "unmap", "release"]]
+    param_names = ["call"]
+
+    def setup(self, call):
+        require_gpu()
+
+    def track_call_ns(self, call):
+        from rmm_fences_bench import page_call_ns
+
+        return page_call_ns()[call]
+
+    track_call_ns.unit = "ns"

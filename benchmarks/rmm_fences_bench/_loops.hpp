@@ -9,6 +9,7 @@
 #include "_replay.hpp"
 
 #include <rmm_fences/detail/driver_api.hpp>
+#include <rmm_fences/detail/vmm_api.hpp>
 
 #include <rmm/aligned.hpp>
 #include <rmm/detail/error.hpp>
@@ -19,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -123,6 +125,107 @@ inline fence_costs fence_call_ns(cuda::stream_ref stream, std::uint64_t iteratio
   }
   costs.relaxed_capture_scope = time([] { rmm_fences::mr::detail::relaxed_capture_scope scope; });
   (void)cudaEventDestroy(event);
+  return costs;
+}
+
+/// Host nanoseconds per call of the driver calls that move device pages (means; `page` is the
+/// device's page size in bytes, every other field 0 where the driver lacks the API).
+struct page_costs {
+  double page{};        ///< bytes per page (cuMemGetAllocationGranularity, minimum)
+  double create{};      ///< cuMemCreate of one page
+  double map{};         ///< cuMemMap of one page
+  double set_access{};  ///< cuMemSetAccess of a range of `pages` mapped pages
+  double unmap{};       ///< cuMemUnmap of one page
+  double release{};     ///< cuMemRelease of one page
+};
+
+/**
+ * @brief Measures `page_costs` on `device` (which should be idle; -1: the current device):
+ * `pages` pages created
+ * once, then `rounds` times mapped page by page into one of two address ranges, given access
+ * as one range, and unmapped page by page (a vmm_pool growth that moves pages makes these
+ * calls: an unmap where a page was free, a map where the pool grows, one access per range).
+ */
+inline page_costs page_call_ns(int device, std::size_t pages, std::size_t rounds)
+{
+  using clock = std::chrono::steady_clock;
+  auto since  = [](clock::time_point start) {
+    return std::chrono::duration<double, std::nano>(clock::now() - start).count();
+  };
+  namespace d = rmm_fences::mr::detail;
+  page_costs costs;
+  if (pages == 0 || rounds == 0 || !d::vmm_api::get().complete()) { return costs; }
+  if (device < 0) { RMM_CUDA_TRY(cudaGetDevice(&device)); }
+  CUmemAllocationProp prop{};
+  std::size_t page = 0;
+  auto const& api  = d::vmm_api::for_device(device, prop, page);
+  costs.page       = static_cast<double>(page);
+  // What is held, given back on every path: the reserved ranges, the pages, the mapped ones.
+  std::array<CUdeviceptr, 2> range{};
+  std::vector<CUmemGenericAllocationHandle> handles;
+  CUdeviceptr mapped_base{};
+  std::size_t mapped = 0;
+  auto give_back     = [&] {
+    for (std::size_t i = 0; i < mapped; ++i) {
+      (void)api.unmap(mapped_base + i * page, page);
+    }
+    for (auto h : handles) {
+      (void)api.release(h);
+    }
+    for (auto r : range) {
+      if (r != 0) { (void)api.address_free(r, pages * page); }
+    }
+  };
+  auto check = [](CUresult r, char const* what) {
+    if (r != CUDA_SUCCESS) { throw std::runtime_error(std::string{what} + " failed"); }
+  };
+  try {
+    for (auto& r : range) {
+      check(api.address_reserve(&r, pages * page, page, 0, 0), "cuMemAddressReserve");
+    }
+    handles.reserve(pages);
+    auto start = clock::now();
+    for (std::size_t i = 0; i < pages; ++i) {
+      CUmemGenericAllocationHandle h{};
+      check(api.create(&h, page, &prop, 0), "cuMemCreate");
+      handles.push_back(h);
+    }
+    costs.create = since(start) / static_cast<double>(pages);
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags    = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    double map_ns = 0, access_ns = 0, unmap_ns = 0;
+    for (std::size_t r = 0; r < rounds; ++r) {
+      mapped_base = range[r % 2];
+      start       = clock::now();
+      for (; mapped < pages; ++mapped) {
+        check(api.map(mapped_base + mapped * page, page, 0, handles[mapped], 0), "cuMemMap");
+      }
+      map_ns += since(start);
+      start = clock::now();
+      check(api.set_access(mapped_base, pages * page, &access, 1), "cuMemSetAccess");
+      access_ns += since(start);
+      start = clock::now();
+      for (; mapped > 0; --mapped) {
+        check(api.unmap(mapped_base + (mapped - 1) * page, page), "cuMemUnmap");
+      }
+      unmap_ns += since(start);
+    }
+    auto const calls = static_cast<double>(pages * rounds);
+    costs.map        = map_ns / calls;
+    costs.set_access = access_ns / static_cast<double>(rounds);
+    costs.unmap      = unmap_ns / calls;
+    start            = clock::now();
+    for (auto h : handles) {
+      (void)api.release(h);
+    }
+    costs.release = since(start) / static_cast<double>(pages);
+    handles.clear();
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  give_back();  // the two ranges
   return costs;
 }
 

@@ -52,6 +52,18 @@ cdef extern from "rmm_fences_bench/_loops.hpp" namespace "rmm_fences::bench" nog
         stream_ref free_stream,
     ) except +
 
+    cdef struct page_costs:
+        double page
+        double create
+        double map
+        double set_access
+        double unmap
+        double release
+
+    page_costs c_page_call_ns "rmm_fences::bench::page_call_ns"(
+        int device, size_t pages, size_t rounds
+    ) except +
+
     cdef struct fence_costs:
         double event_record
         double event_query
@@ -154,6 +166,23 @@ def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
     cdef fence_costs c
     with nogil:
         c = c_fence_call_ns(c_stream, iterations)
+    return c  # the struct's fields, by name
+
+
+def page_call_ns(size_t pages=64, size_t rounds=10, int device=-1) -> dict:
+    """Mean host nanoseconds of the driver calls that move device pages, on an idle ``device``
+    (-1: the current one).
+
+    ``pages`` pages are created once, then ``rounds`` times mapped one by one, given access as
+    one range and unmapped one by one. Returns a dict with ``page`` (bytes per page),
+    ``create``, ``map``, ``unmap`` and ``release`` (per page) and ``set_access`` (per range of
+    ``pages`` pages); all 0 where the driver lacks the virtual memory API.
+    """
+    if pages == 0 or rounds == 0:
+        raise ValueError(f"pages and rounds must be positive, got {pages} and {rounds}")
+    cdef page_costs c
+    with nogil:
+        c = c_page_call_ns(device, pages, rounds)
     return c  # the struct's fields, by name
 
 

@@ -15,6 +15,7 @@ from rmm_fences_bench import _loops, alloc_free_ns
 LOOPS = (
     "alloc_free_ns",
     "fence_call_ns",
+    "page_call_ns",
     "random_allocations",
     "stress",
     "threaded_alloc_free",
@@ -73,3 +74,29 @@ def test_threaded_benchmarks_validate_their_streams_before_any_cuda_call():
         threaded_stream_queries("flush", 10, [])
     with pytest.raises(ValueError, match="streams must hold at least one stream"):
         threaded_stream_queries("get_id", 10, [])
+
+
+def test_page_call_ns_validates_before_any_cuda_call():
+    from rmm_fences_bench import page_call_ns
+
+    with pytest.raises(ValueError, match="pages and rounds must be positive, got 0 and 10"):
+        page_call_ns(0)
+    with pytest.raises(ValueError, match="got 4 and 0"):
+        page_call_ns(4, 0)
+
+
+@pytest.mark.gpu
+def test_page_call_ns_times_each_call_and_gives_every_page_back(cupy):
+    """The page moves' driver calls, timed on the device's pages: each is measured, the page is
+    the device's granularity, and the device's free memory is what it was (32 pages of 2 MiB
+    lost would show)."""
+    from rmm_fences_bench import page_call_ns
+
+    cupy.cuda.Device().synchronize()
+    free_before, _ = cupy.cuda.runtime.memGetInfo()
+    costs = page_call_ns(32, 3)
+    free_after, _ = cupy.cuda.runtime.memGetInfo()
+    assert costs["page"] >= 2 << 20 and int(costs["page"]) % (2 << 20) == 0
+    for call in ("create", "map", "set_access", "unmap", "release"):
+        assert costs[call] > 0, call
+    assert free_after >= free_before - (2 << 20)

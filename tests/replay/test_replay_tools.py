@@ -191,6 +191,8 @@ def test_native_tables_give_ratios_and_where_the_pool_pair_goes(tmp_path):
                                        "cu_event_record": 0}},
         {"bench": "CubTempStoragePlanLoop", "chain": "rmm_fences_pool", "n": 1 << 20,
          "ratio": 1.04},
+        {"bench": "PageCalls", "ns": {"page": 2097152.0, "create": 3000.0, "map": 2000.0,
+                                      "set_access": 50000.0, "unmap": 8000.0, "release": 1000.0}},
     ]  # fmt: skip
     path = tmp_path / "native.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
@@ -207,6 +209,9 @@ def test_native_tables_give_ratios_and_where_the_pool_pair_goes(tmp_path):
     assert "| `cu_stream_get_id` | 15.0 |" in calls and "cu_event_record" not in calls
     assert "| 1 MiB | 100.0 | 50.0 | 50.0 |" in bodies.table_native(path, "floor")
     assert "| `rmm_fences_pool` | 1.040x |" in bodies.table_native(path, "plan")
+    pages = bodies.table_native(path, "pages")
+    assert "| `cuMemUnmap` | 8000.0 |" in pages
+    assert "| a page of 2 MiB moved (unmap + map) | 10000.0 |" in pages
     assert bodies.table_native(path).count("|---|") == len(bodies.NATIVE_PARTS)
 
 
@@ -224,9 +229,10 @@ def test_run_native_runs_every_case_of_its_bodies(capsys):
     assert bodies.main(["run", "native"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert "environment" in rows[0]
-    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 + 5 + 1 + 7 * 4
+    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 + 5 + 1 + 1 + 7 * 4
     assert {name for name, _ in cases} == {
-        "AllocFree", "DeferredFence", "TrackingOverhead", "FenceCalls", "CubTempStoragePlanLoop"
+        "AllocFree", "DeferredFence", "TrackingOverhead", "FenceCalls", "PageCalls",
+        "CubTempStoragePlanLoop",
     }  # fmt: skip
     assert ("AllocFree", ("rmm_fences_pool", 1 << 20)) in cases
     assert ("CubTempStoragePlanLoop", ("rmm_fences_pool", 1 << 20)) in cases
