@@ -532,6 +532,45 @@ def render_downstream(path, rel, options):
     return meta, "\n".join(out)
 
 
+def render_footprint(path, rel, options):
+    """tools/footprint_breakdown.py's report: its summary table (``part=summary``, the default)
+    or, ``part=places``, each log's census at the pool's peak, MiB per place (a row per log),
+    with the commit from the line under its title."""
+    lines = path.read_text().splitlines()
+    meta = _env_meta(rel, None)
+    m = re.search(
+        r"commit `([0-9a-f]+)([^`]*)`; (.*)$", next((x for x in lines if "commit `" in x), "")
+    )
+    if m:
+        meta["commit"] = m.group(1)[:8] + m.group(2)
+        meta["note"] = m.group(3)
+    part = options.get("part", "summary")
+    if part == "summary":
+        start = next(i for i, x in enumerate(lines) if x.startswith("| log |"))
+        return meta, "\n".join(x for x in _table_at(lines, start))
+    if part != "places":
+        raise ValueError(f"part={part}: expected summary or places")
+    rows, places = [], []
+    for i, x in enumerate(lines):
+        if x.startswith("## "):
+            log = x[3:].strip()
+            start = next(j for j in range(i, len(lines)) if lines[j].startswith("| place |"))
+            cells = [[c.strip() for c in r.strip("|").split("|")] for r in _table_at(lines, start)]
+            places = [c[0] for c in cells[2:]]
+            rows.append([log, *[c[1] for c in cells[2:]]])
+    out = ["| log | " + " | ".join(places) + " |", "|---|" + "---:|" * len(places)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return meta, "\n".join(out)
+
+
+def _table_at(lines, start):
+    """The lines of the markdown table that starts at ``lines[start]``."""
+    for x in lines[start:]:
+        if not x.startswith("|"):
+            break
+        yield x
+
+
 KINDS = {
     **{kind: render_asv(kind) for kind in ASV_TABLES},
     "asv-summary": render_asv("asv-summary"),
@@ -545,6 +584,7 @@ KINDS = {
     "torch-hazards": render_torch_hazards,
     "torch-training": render_torch_training,
     "downstream": render_downstream,
+    "footprint": render_footprint,
 }
 
 

@@ -504,6 +504,31 @@ def report(b: Breakdown) -> list[str]:
     return out
 
 
+def stamp(gpu_replay: pathlib.Path) -> str:
+    """The line under the title: the checkout's commit (the pool's core that ran), and where the
+    H200 columns come from."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", ""
+    source = gpu_replay.name if gpu_replay.is_file() else "none"
+    return (
+        f"commit `{commit}{'+uncommitted changes' if dirty else ''}`; the pool's core over host "
+        f"chunks, no GPU; H200 columns from `{source}`"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="*", help="log names (default: every log in --traces)")
@@ -512,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.logs or sorted(p.name[: -len(".csv.gz")] for p in args.traces.glob("*.csv.gz"))
     breakdowns = [replay(name, args.traces) for name in names]
-    lines = ["# Footprint breakdown (host pool)", ""]
+    lines = ["# Footprint breakdown (host pool)", "", stamp(args.gpu_replay), ""]
     lines += summary(breakdowns, gpu_footprints(args.gpu_replay)) + [""]
     for b in breakdowns:
         lines += report(b)

@@ -13,10 +13,12 @@ pool's rules put the block in.
 import subprocess
 import sys
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from helpers.paths import ROOT, TOOLS
+from helpers.scripts import load_script
 from helpers.stateful import machine_settings
 from rmm_fences_bench import read_allocation_log
 from rmm_fences_bench.alloc_log import ALLOCATE
@@ -308,3 +310,15 @@ def test_the_footprint_breakdown_runs_on_a_small_log(tmp_path):
         assert f"\n| {place} |" in out, place
     assert "| total | 16.0 | 100% | 16.0 | 100% | 16.0 | 100% |" in out, out
     assert "| free in the chunk of growth 1 (event 1: 4.0 MiB for 1.0 KiB) | 4.0 | 100% |" in out
+    assert "; the pool's core over host chunks, no GPU; H200 columns from `none`" in out
+    # docs/performance.md publishes the summary and each log's census at the pool's peak
+    report = load_script(TOOLS / "asv_report.py")
+    (tmp_path / "breakdown.md").write_text(out)
+    meta, summary = report.render_footprint(tmp_path / "breakdown.md", "b.md", {})
+    assert meta["commit"] and "no GPU" in meta["note"]
+    assert summary.splitlines()[2].startswith("| reduce_1m | 12.0 | 16.0 | 16.0 | 1.329x |")
+    _, places = report.render_footprint(tmp_path / "breakdown.md", "b.md", {"part": "places"})
+    assert places.splitlines()[0] == "| log | " + " | ".join([*POOL_CENSUS_PLACES, "total"]) + " |"
+    assert places.splitlines()[2].startswith("| reduce_1m |") and places.endswith("| 16.0 |")
+    with pytest.raises(ValueError, match="part=chunks: expected summary or places"):
+        report.render_footprint(tmp_path / "breakdown.md", "b.md", {"part": "chunks"})
