@@ -5,6 +5,7 @@ breakdown per log, on the pool's C++ core over host chunks (no GPU).
     python tools/footprint_breakdown.py                  # every log in asv_bench/traces
     python tools/footprint_breakdown.py reduce_1m cupy_pipeline
     python tools/footprint_breakdown.py --traces DIR --gpu-replay FILE
+    python tools/footprint_breakdown.py --maximum-growth-size 128MiB   # growths bounded
 
 Needs the host test harness (``rmm_fences_testing``, tests/native) and the benchmarks' library
 (``rmm_fences_bench``, benchmarks/), both built in place by ``make install``.
@@ -155,11 +156,14 @@ def arena_peak(trace) -> int:
     return pool.arena["peak_physical_bytes"]
 
 
-def replay(name: str, traces: pathlib.Path = TRACES) -> Breakdown:
-    """Replays the log ``name`` on a host pool with a census at each of ``MOMENTS``."""
+def replay(
+    name: str, traces: pathlib.Path = TRACES, maximum_growth_size: int | None = None
+) -> Breakdown:
+    """Replays the log ``name`` on a host pool (growths bounded by ``maximum_growth_size``, as
+    the resource's argument) with a census at each of ``MOMENTS``."""
     trace = read_allocation_log(traces / f"{name}.csv.gz")
     peak_event = live_peak_event(trace)
-    pool = HostStreamOrderedPool()
+    pool = HostStreamOrderedPool(maximum_growth_size=maximum_growth_size)
     pool.record_growths()
     ptrs, grown, censuses, requested = {}, [], {}, {}
     live = pool_peak_event = 0
@@ -504,6 +508,19 @@ def report(b: Breakdown) -> list[str]:
     return out
 
 
+def growth_size(text: str) -> int:
+    """A positive number of bytes ("128MiB", "2097152")."""
+    from rmm_fences._sizes import parse_bytes
+
+    try:
+        value = parse_bytes(text, "maximum_growth_size")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size in bytes, got {text!r}")
+    return value
+
+
 def stamp(gpu_replay: pathlib.Path) -> str:
     """The line under the title: the checkout's commit (the pool's core that ran), and where the
     H200 columns come from."""
@@ -534,10 +551,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logs", nargs="*", help="log names (default: every log in --traces)")
     parser.add_argument("--traces", type=pathlib.Path, default=TRACES)
     parser.add_argument("--gpu-replay", type=pathlib.Path, default=GPU_REPLAY)
+    parser.add_argument(
+        "--maximum-growth-size",
+        type=growth_size,
+        metavar="SIZE",
+        help="bound each growth beyond its request, as the pool's maximum_growth_size "
+        "(bytes or a size such as 128MiB; default: the pool's own growth rule)",
+    )
     args = parser.parse_args(argv)
     names = args.logs or sorted(p.name[: -len(".csv.gz")] for p in args.traces.glob("*.csv.gz"))
-    breakdowns = [replay(name, args.traces) for name in names]
+    breakdowns = [replay(name, args.traces, args.maximum_growth_size) for name in names]
     lines = ["# Footprint breakdown (host pool)", "", stamp(args.gpu_replay), ""]
+    if args.maximum_growth_size is not None:
+        lines[2] += f"; maximum_growth_size {args.maximum_growth_size} bytes"
     lines += summary(breakdowns, gpu_footprints(args.gpu_replay)) + [""]
     for b in breakdowns:
         lines += report(b)
