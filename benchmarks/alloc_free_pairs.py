@@ -14,20 +14,9 @@ import argparse
 import statistics
 import sys
 
+from rmm_fences_bench.cli import size
+
 DEFAULT_SPECS = ("pool(cuda_async)", "rmm_pool(cuda)", "cuda_async")
-
-
-def size(text: str) -> int:
-    """A positive number of bytes ("1MiB", "4096", "2GB")."""
-    from rmm_fences._sizes import parse_bytes
-
-    try:
-        value = parse_bytes(text, "size")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size in bytes, got {text!r}")
-    return value
 
 
 def parser() -> argparse.ArgumentParser:

@@ -43,11 +43,9 @@ import sys
 ASV = pathlib.Path(__file__).resolve().parents[1] / "asv_bench"
 
 
-def recorded_environment() -> dict:
-    """What a run here runs on: the checkout's commit (with "+uncommitted changes" when the
-    tree differs from it), the GPU, the driver and the package versions."""
-    from rmm_fences._cuda import environment
-
+def checkout_commit() -> str | None:
+    """The checkout's commit, with "+uncommitted changes" when its tracked files differ from
+    it; None outside a git checkout."""
     root = ASV.parent
     try:
         commit = subprocess.run(
@@ -60,10 +58,17 @@ def recorded_environment() -> dict:
             text=True,
             check=True,
         ).stdout.strip()
-        commit += "+uncommitted changes" if dirty else ""
     except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {"commit": commit, **environment()}
+        return None
+    return commit + ("+uncommitted changes" if dirty else "")
+
+
+def recorded_environment() -> dict:
+    """What a run here runs on: the checkout's commit (``checkout_commit``), the GPU, the
+    driver and the package versions."""
+    from rmm_fences._cuda import environment
+
+    return {"commit": checkout_commit(), **environment()}
 
 
 def _run_body(bench, args, row, out, measure):

@@ -36,6 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks")]
 from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_bench.alloc_log import ALLOCATE  # noqa: E402
+from rmm_fences_bench.cli import size as size_argument  # noqa: E402
 from rmm_fences_testing import (  # noqa: E402
     POOL_CENSUS_PLACES,
     POOL_CENSUS_SIZE_CLASSES,
@@ -508,41 +509,15 @@ def report(b: Breakdown) -> list[str]:
     return out
 
 
-def growth_size(text: str) -> int:
-    """A positive number of bytes ("128MiB", "2097152")."""
-    from rmm_fences._sizes import parse_bytes
-
-    try:
-        value = parse_bytes(text, "maximum_growth_size")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size in bytes, got {text!r}")
-    return value
-
-
 def stamp(gpu_replay: pathlib.Path) -> str:
     """The line under the title: the checkout's commit (the pool's core that ran), and where the
     H200 columns come from."""
-    import subprocess
+    from asv_bodies import checkout_commit
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", ""
     source = gpu_replay.name if gpu_replay.is_file() else "none"
     return (
-        f"commit `{commit}{'+uncommitted changes' if dirty else ''}`; the pool's core over host "
-        f"chunks, no GPU; H200 columns from `{source}`"
+        f"commit `{checkout_commit() or 'unknown'}`; the pool's core over host chunks, no GPU; "
+        f"H200 columns from `{source}`"
     )
 
 
@@ -553,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-replay", type=pathlib.Path, default=GPU_REPLAY)
     parser.add_argument(
         "--maximum-growth-size",
-        type=growth_size,
+        type=lambda text: size_argument(text, "maximum_growth_size"),
         metavar="SIZE",
         help="bound each growth beyond its request, as the pool's maximum_growth_size "
         "(bytes or a size such as 128MiB; default: the pool's own growth rule)",
