@@ -15,7 +15,8 @@ bodies of asv_bench/benchmarks/:
     python tools/asv_bodies.py table native native.jsonl
 
 ``run replay`` follows ``Replay``: one ordered replay of a fresh chain for the footprint, then
-the free-running timed replays (``track_allocations_per_s``); ``run streams`` calls
+the free-running timed replays (``track_allocations_per_s``) and what the chain held by their
+end (``footprint_after_mib``; the table adds "-> N MiB" where that is more); ``run streams`` calls
 ``CrossStream``, ``StreamPerTask`` (three timed rounds) and reads the pool's stream slots
 after 100, 2 000 and 20 000 short-lived streams (``StreamSlots``' measure at three counts);
 ``run dataframes`` sets up ``CudfPipeline`` and ``PdsH`` per parameter (a warm-up run under the
@@ -97,6 +98,8 @@ def run_replay(out):
             trace_peak_live=b.first["trace_peak_live_bytes"],
             errors=b.first["errors"],
         )
+        after = b.timed["footprint_bytes"]  # the timed replays' high-water, the first's included
+        row["footprint_after_mib"] = None if after is None else after / 2**20
         try:
             row["event_records_per_free"] = b.track_event_records_per_free(trace, chain)
         except NotImplementedError:
@@ -421,6 +424,16 @@ def _by_trace(path):
     return by
 
 
+def _replay_cell(row):
+    """Calls/s and footprint of one chain on one log; "-> N MiB" when the chain held more by
+    the end of the timed replays than in the ordered one."""
+    cell = f"{row['alloc_per_s'] / 1e6:.2f} M, {row['footprint_mib']:.0f} MiB"
+    after = row.get("footprint_after_mib")
+    if after is not None and round(after) > round(row["footprint_mib"]):
+        cell += f" -> {after:.0f} MiB"
+    return cell
+
+
 def table_replay(path):
     by = _by_trace(path)
     lines = [
@@ -442,9 +455,7 @@ def table_replay(path):
     chains = list(next(iter(by.values())))
     lines += ["", "| trace | " + " | ".join(chains) + " |", "|---|" + "---:|" * len(chains)]
     for trace, d in by.items():
-        cells = [
-            f"{d[c]['alloc_per_s'] / 1e6:.2f} M, {d[c]['footprint_mib']:.0f} MiB" for c in chains
-        ]
+        cells = [_replay_cell(d[c]) for c in chains]
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

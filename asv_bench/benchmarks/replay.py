@@ -99,6 +99,7 @@ class Replay:
         self.trace = load_trace(trace)
         self.mr = make_chain(chain, self.trace)
         self.first = replay(self.mr, self.trace, ordered=True)
+        self.timed = None
         if self.first["errors"]:  # out of memory: no number for a replay it could not finish
             raise NotImplementedError(f"{chain}: {self.first['errors']} allocations failed")
 
@@ -108,7 +109,8 @@ class Replay:
     def track_allocations_per_s(self, trace, chain):
         from rmm_fences_bench import replay
 
-        return replay(self.mr, self.trace, repeat=self.repeat_replays)["allocations_per_s"]
+        self.timed = replay(self.mr, self.trace, repeat=self.repeat_replays)
+        return self.timed["allocations_per_s"]
 
     track_allocations_per_s.unit = "calls/s"
 
@@ -131,6 +133,19 @@ class Replay:
         return self.first["footprint_bytes"] / 2**20
 
     track_footprint_mib.unit = "MiB"
+
+    def track_footprint_after_timed_mib(self, trace, chain):
+        """The most the chain held from the device up to the end of the timed replays (the
+        ordered one's footprint included): a pool that keeps growing when a workload repeats
+        shows it here."""
+        if getattr(self, "timed", None) is None:
+            self.track_allocations_per_s(trace, chain)
+        footprint = self.timed["footprint_bytes"]
+        if footprint is None:
+            raise NotImplementedError(f"{chain}: no footprint layer")
+        return footprint / 2**20
+
+    track_footprint_after_timed_mib.unit = "MiB"
 
     def track_fragmentation(self, trace, chain):
         return self.first["fragmentation"]

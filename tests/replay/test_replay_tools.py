@@ -250,3 +250,24 @@ def test_asv_report_renders_one_native_part_or_names_the_valid_ones(tmp_path):
     assert body == "| CUDA call | ns |\n|---|---:|\n| `cu_stream_get_id` | 9.00 |"
     with pytest.raises(ValueError, match="part=pair: expected one of pairs, python"):
         report.render_native(path, "native.jsonl", {"part": "pair"})
+
+
+def test_replay_table_shows_a_footprint_that_grew_in_the_timed_replays(tmp_path):
+    """A chain that held more by the end of the timed replays than in the ordered one gets
+    "-> N MiB" in the per-chain table; one that did not (or a run without the figure) does not."""
+    rows = [{"environment": {}}]
+    for chain, after in (
+        ("rmm_fences_pool", 100.0),
+        ("rmm_pool", None),
+        ("cuda_async", 150.4),
+        ("rmm_fences_vmm_pool", 130.0),
+    ):
+        rows.append(
+            {"trace": "t", "chain": chain, "alloc_per_s": 1e6, "footprint_mib": 100.0,
+             "footprint_after_mib": after, "trace_peak_live": 90 << 20, "errors": 0}
+        )  # fmt: skip
+    path = tmp_path / "replay.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    table = asv_bodies().table_replay(path)
+    assert "| t | 1.00 M, 100 MiB | 1.00 M, 100 MiB | 1.00 M, 100 MiB -> 150 MiB " in table
+    assert "| 1.00 M, 100 MiB -> 130 MiB |" in table
