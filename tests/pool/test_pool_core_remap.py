@@ -11,13 +11,15 @@ between calls too), ``arena_page_ns`` per page mapped or unmapped and per range 
 """
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 
 from rmm_fences import VmmPoolMemoryResource
 
 from helpers.alloc_shapes import SHAPES, replay_pass
-from helpers.paths import ROOT
+from helpers.paths import ROOT, TOOLS
 from rmm_fences_bench import read_allocation_log
 from rmm_fences_testing import HostStreamOrderedPool
 
@@ -173,3 +175,29 @@ def test_at_zero_pages_move_when_maximum_pool_size_leaves_no_other_way():
     assert p.arena["physical_bytes"] == 2 * MIB + 128 * KIB
     assert p.stats["remapped_bytes"] == 2 * MIB
     assert p.violations == []
+
+
+def test_the_remap_model_tool_reports_footprints_and_time_moving_per_page_cost():
+    """tools/remap_model.py, run as a script: a row per log and page cost; the CUB loop's log
+    moves no page and keeps its first pass's footprint; bad passes and fractions are refused."""
+    script = [sys.executable, str(TOOLS / "remap_model.py")]
+    run = subprocess.run(
+        [*script, "reduce_1m", "--passes", "8", "--page-ns", "3000", "30000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    rows = [x for x in run.stdout.splitlines() if x.startswith("| reduce_1m |")]
+    assert [r.split(" | ")[1] for r in rows] == ["3000", "30000"]
+    for r in rows:
+        cells = r.strip("| ").split(" | ")
+        assert cells[3] == cells[4] == cells[5] == "1.163x"  # 14 MiB of 2 MiB pages for 12 live
+        assert cells[6:9] == ["0%", "0%", "0%"]
+    assert "remap_time_fraction 0.05, 8 passes" in run.stdout
+    for bad, message in (
+        (["--passes", "4"], "expected at least 8"),
+        (["--fraction", "2"], "[0, 1]"),
+    ):
+        res = subprocess.run([*script, *bad], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and message in res.stderr, res.stderr

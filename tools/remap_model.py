@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""What vmm_pool holds, and what moving pages costs it, when a recorded workload repeats: each
+log replayed many times through the pool's core over a model of device pages (no GPU).
+
+    python tools/remap_model.py                       # every log in asv_bench/traces
+    python tools/remap_model.py cupy_pipeline --passes 96 --page-ns 3000 30000
+
+Needs the host test harness (``rmm_fences_testing``, tests/native) and the benchmarks' library
+(``rmm_fences_bench``, benchmarks/), both built in place by ``make install``.
+
+The host arena models time: ``--call-ns`` per call of the pool (the work between calls too),
+``--page-ns`` per page mapped or unmapped and per range mapped (a page moved is two such calls;
+several values: a row per log and value); the pool spends at most ``--fraction``
+(``remap_time_fraction``) of that time moving pages once its peak in use stopped rising, from a
+bucket that starts full (the fraction of a second). Each pass replays the log in recorded order on
+idle streams (its work done at once) and frees what it leaves live. Per log, in markdown: the
+footprint (the most pages the pool held) over the log's live peak after the first pass, after four
+and after ``--passes``; the share of the modelled time spent moving pages in the first pass, in
+passes 2 to 4 and in the last four; and the H200 replay's CudaAsync footprint for comparison
+(``--gpu-replay``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
+from rmm_fences_bench import read_allocation_log  # noqa: E402
+from rmm_fences_testing import HostStreamOrderedPool  # noqa: E402
+
+TRACES = ROOT / "asv_bench" / "traces"
+GPU_REPLAY = ROOT / "docs" / "data" / "replay" / "replay_2026-12-05.jsonl"
+PAGE = 2 << 20
+STREAM_BASE = 100
+
+
+def events_of(name: str, traces: pathlib.Path) -> list[tuple[int, int, int, int]]:
+    trace = read_allocation_log(traces / f"{name}.csv.gz")
+    return list(
+        zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream.tolist())
+    )
+
+
+def live_peak(events) -> int:
+    now = peak = 0
+    for action, _, nbytes, _ in events:
+        now += nbytes if action == 0 else -nbytes
+        peak = max(peak, now)
+    return peak
+
+
+def one_pass(pool, events) -> None:
+    """The log once, in order (recorded stream k is host stream STREAM_BASE + k); what it
+    leaves live is freed after it."""
+    live = {}
+    for action, ident, nbytes, stream in events:
+        if action == 0:
+            live[ident] = (pool.allocate(nbytes, stream=STREAM_BASE + stream), nbytes, stream)
+        elif ident in live:
+            ptr, n, _ = live.pop(ident)
+            pool.deallocate(ptr, n, stream=STREAM_BASE + stream)
+    for ptr, nbytes, stream in live.values():
+        pool.deallocate(ptr, nbytes, stream=STREAM_BASE + stream)
+
+
+def model(events, passes: int, call_ns: int, page_ns: int, fraction: float) -> dict:
+    """Footprints over the live peak and shares of time moving pages, per stretch of passes."""
+    pool = HostStreamOrderedPool(
+        arena_page_size=PAGE,
+        arena_call_ns=call_ns,
+        arena_page_ns=page_ns,
+        arena_remap_time_fraction=fraction,
+    )
+    pool.set_idle()
+    peak = live_peak(events)
+    marks = {}  # passes done -> (remap ns so far, model ns so far, peak physical bytes)
+    for done in range(1, passes + 1):
+        one_pass(pool, events)
+        if done in (1, 4, passes - 4, passes):
+            arena = pool.arena
+            marks[done] = (pool.stats["remap_ns"], arena["now_ns"], arena["peak_physical_bytes"])
+    assert pool.violations == []
+
+    def moving(first, last):
+        (r0, t0, _), (r1, t1, _) = (0, 0, 0) if first == 0 else marks[first], marks[last]
+        return (r1 - r0) / max(t1 - t0, 1)
+
+    return {
+        "live_peak": peak,
+        "footprint_1": marks[1][2] / peak,
+        "footprint_4": marks[4][2] / peak,
+        "footprint_n": marks[passes][2] / peak,
+        "moving_1": moving(0, 1),
+        "moving_2_4": moving(1, 4),
+        "moving_last_4": moving(passes - 4, passes),
+        "pass_ms": marks[1][1] / 1e6,
+    }
+
+
+def gpu_footprints(path: pathlib.Path) -> dict:
+    """{log: CudaAsync's footprint in bytes} of an H200 replay file (tools/asv_bodies.py run
+    replay), or {} without one."""
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if row.get("chain") == "cuda_async" and row.get("footprint_mib"):
+            out[row["trace"]] = row["footprint_mib"] * 2**20
+    return out
+
+
+def report(names, traces, passes, call_ns, page_costs, fraction, gpu_replay) -> list[str]:
+    from asv_bodies import checkout_commit
+
+    cuda = gpu_footprints(gpu_replay)
+    lines = [
+        "# vmm_pool when a workload repeats (host model)",
+        "",
+        f"commit `{checkout_commit() or 'unknown'}`; the pool's core over a model of 2 MiB "
+        f"pages, no GPU: {call_ns} ns per pool call, remap_time_fraction {fraction}, "
+        f"{passes} passes; CudaAsync from "
+        f"`{gpu_replay.name if gpu_replay.is_file() else 'none'}`",
+        "",
+        f"| log | page call ns | first pass (model ms) | footprint ÷ live peak: pass 1 | pass 4 "
+        f"| pass {passes} | time moving pages: pass 1 | passes 2-4 | last 4 "
+        "| H200 CudaAsync ÷ live peak |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        events = events_of(name, traces)
+        for page_ns in page_costs:
+            m = model(events, passes, call_ns, page_ns, fraction)
+            c = cuda.get(name)
+            async_cell = "-" if c is None else f"{c / m['live_peak']:.3f}x"
+            lines.append(
+                f"| {name} | {page_ns} | {m['pass_ms']:.1f} | {m['footprint_1']:.3f}x "
+                f"| {m['footprint_4']:.3f}x | {m['footprint_n']:.3f}x | {m['moving_1']:.0%} "
+                f"| {m['moving_2_4']:.0%} | {m['moving_last_4']:.0%} | {async_cell} |"
+            )
+    return lines
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="*", help="log names (default: every log in --traces)")
+    parser.add_argument("--traces", type=pathlib.Path, default=TRACES)
+    parser.add_argument("--gpu-replay", type=pathlib.Path, default=GPU_REPLAY)
+    parser.add_argument("--passes", type=positive_int, default=24, help="at least 8 (default 24)")
+    parser.add_argument("--call-ns", type=positive_int, default=200)
+    parser.add_argument("--page-ns", type=positive_int, nargs="+", default=[3000])
+    parser.add_argument("--fraction", type=float, default=0.05, help="remap_time_fraction")
+    args = parser.parse_args(argv)
+    if args.passes < 8:
+        parser.error(f"--passes {args.passes}: expected at least 8 (pass 4 and the last four)")
+    if not 0.0 <= args.fraction <= 1.0:
+        parser.error(f"--fraction {args.fraction}: expected a number within [0, 1]")
+    names = args.logs or sorted(p.name[: -len(".csv.gz")] for p in args.traces.glob("*.csv.gz"))
+    lines = report(
+        names,
+        args.traces,
+        args.passes,
+        args.call_ns,
+        args.page_ns,
+        args.fraction,
+        args.gpu_replay,
+    )
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
