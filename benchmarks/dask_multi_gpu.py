@@ -124,6 +124,8 @@ def run_one(gpus, chain, args):
 
     from rmm_fences.dask import FencesPlugin, gather_stats
 
+    import rmm_fences_bench.row_stack_alias  # noqa: F401  (numpy 2.5: before cuDF, here too)
+
     cluster_kwargs, spec = M.chain_setup(chain)
     devices = list(range(gpus))
     parts = gpus * args.partitions_per_gpu
@@ -134,7 +136,10 @@ def run_one(gpus, chain, args):
     out = []
     with (
         LocalCUDACluster(
-            CUDA_VISIBLE_DEVICES=",".join(map(str, devices)), n_workers=gpus, **cluster_kwargs
+            CUDA_VISIBLE_DEVICES=",".join(map(str, devices)),
+            n_workers=gpus,
+            preload=M.worker_preloads(),
+            **cluster_kwargs,
         ) as cluster,
         Client(cluster) as client,
         dask.config.set({"dataframe.backend": "cudf", "dataframe.shuffle.method": args.shuffle}),

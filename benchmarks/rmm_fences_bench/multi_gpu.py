@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 
 import numpy as np
 
@@ -42,6 +43,16 @@ def chain_setup(name: str) -> tuple[dict, str | None]:
         raise ValueError(f"chain must be one of {', '.join(CHAINS)}; got {name!r}")
     entry = CHAINS[name]
     return dict(entry.get("cluster", {})), entry.get("spec")
+
+
+def worker_preloads(numpy_module=None) -> list[str]:
+    """The ``preload`` of a LocalCUDACluster here: the ``numpy.row_stack`` alias
+    (``row_stack_alias.py``) where numpy lacks it, else nothing."""
+    if numpy_module is None:
+        numpy_module = np
+    if hasattr(numpy_module, "row_stack"):
+        return []
+    return [str(pathlib.Path(__file__).with_name("row_stack_alias.py"))]
 
 
 def left_columns(xp, start: int, stop: int, keys: int) -> dict:

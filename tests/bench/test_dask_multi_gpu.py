@@ -4,6 +4,8 @@ the tables' formulas, the host-side checks, the chains and the report. The bench
 benchmarks/dask_multi_gpu.py, runs on a machine with several GPUs (docs/dask.md)."""
 
 import json
+import runpy
+import types
 
 import numpy as np
 import pandas as pd
@@ -95,3 +97,17 @@ def test_the_script_defaults_and_refusals():
     assert (args.gpus, args.rows_per_gpu, args.chain) == ("1,2,4,8", 400_000_000, None)
     with pytest.raises(SystemExit):
         script.parser().parse_args(["--chain", "cuda"])
+
+
+def test_workers_get_the_row_stack_alias_only_where_numpy_lacks_it(monkeypatch):
+    """On numpy 2.5 a Dask-CUDA worker where cuDF is installed fails to start without
+    ``numpy.row_stack`` (numba-cuda <= 0.30.4 registers it): the benchmark's cluster preloads
+    a file that makes the alias, and only where numpy lacks it."""
+    assert M.worker_preloads(types.SimpleNamespace(row_stack=np.vstack)) == []
+    (path,) = M.worker_preloads(types.SimpleNamespace())
+    monkeypatch.delattr(np, "row_stack", raising=False)
+    try:
+        runpy.run_path(path)
+        assert np.row_stack is np.vstack
+    finally:  # numpy without row_stack gets none back (monkeypatch restores one it had)
+        np.__dict__.pop("row_stack", None)
