@@ -196,22 +196,19 @@ def run_native(out):
             },
         )
 
-    def calls(b):
+    def calls(b, _call):  # every call at once, on a created stream as the pairs
         from rmm_fences_bench import fence_call_ns
 
         _, (stream,) = streams()
         return {"ns": fence_call_ns(stream=stream)}
 
-    _run_body(
-        A.FenceCalls(), ("cu_stream_get_id",), {"bench": "FenceCalls"}, out, lambda b, _: calls(b)
-    )
-
-    def pages(b):
+    def pages(b, _call):  # every call at once
         from rmm_fences_bench import page_call_ns
 
         return {"ns": page_call_ns()}
 
-    _run_body(A.PageCalls(), ("map",), {"bench": "PageCalls"}, out, lambda b, _: pages(b))
+    _run_body(A.FenceCalls(), ("cu_stream_get_id",), {"bench": "FenceCalls"}, out, calls)
+    _run_body(A.PageCalls(), ("map",), {"bench": "PageCalls"}, out, pages)
     for chain in CHAINS:
         for n in Rd.SIZES:
             row = {"bench": "CubTempStoragePlanLoop", "chain": chain, "n": n}
@@ -307,26 +304,30 @@ def table_dataframes(path):
 NATIVE_PARTS = ("pairs", "python", "over", "calls", "floor", "pages", "plan")
 
 
-def _size_label(n, suffix="B"):
+def size_label(n, suffix="B"):
+    """1048576 (or "1048576") -> "1 MiB" (bytes) or "1 Mi" (an element count, suffix "")."""
+    n = int(n)
     for unit, k in (("Mi", 1 << 20), ("Ki", 1 << 10)):
         if n >= k and n % k == 0:
             return f"{n // k} {unit}{suffix}"
     return f"{n} {suffix}".strip()
 
 
-def _num(x):
+def number(x):
+    """A measurement as the docs' tables print it: three significant digits from 1e5, one
+    decimal from 10, else two."""
     if x >= 1e5:
         return f"{x:.3g}"
     return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
-def _per_size(values, peers, suffix="B", fmt=_num):
+def _per_size(values, peers, suffix="B", fmt=number):
     """{(chain, size): value} as a row per chain, a column per size; each cell the value and
     its ratio to each peer of the same size."""
     chains = list(dict.fromkeys(c for c, _ in values))
     sizes = list(dict.fromkeys(n for _, n in values))
     lines = [
-        "| chain | " + " | ".join(_size_label(n, suffix) for n in sizes) + " |",
+        "| chain | " + " | ".join(size_label(n, suffix) for n in sizes) + " |",
         "|---|" + "---:|" * len(sizes),
     ]
     for c in chains:
@@ -368,7 +369,7 @@ def table_native(path, part=None):
     for u in dict.fromkeys([*fences, *tracked]):
         t = tracked.get(u)
         cells = [
-            _num(fences[u]) if u in fences else "-",
+            number(fences[u]) if u in fences else "-",
             f"{t['native_ratio']:.2f}x" if t else "-",
             f"{t['python_ratio']:.2f}x" if t else "-",
         ]
@@ -376,7 +377,7 @@ def table_native(path, part=None):
     parts["over"] = "\n".join(over)
     parts["calls"] = "\n".join(
         ["| CUDA call | ns |", "|---|---:|"]
-        + [f"| `{k}` | {_num(v)} |" for k, v in calls.items() if v]
+        + [f"| `{k}` | {number(v)} |" for k, v in calls.items() if v]
     )
     floor = [
         "| block | pair ns | stream lookups' CUDA calls ns | the rest ns |",
@@ -386,21 +387,21 @@ def table_native(path, part=None):
     for r in pairs:
         if r["chain"] == "rmm_fences_pool" and lookup:
             floor.append(
-                f"| {_size_label(r['nbytes'])} | {_num(r['native_ns'])} | {_num(lookup)} "
-                f"| {_num(r['native_ns'] - lookup)} |"
+                f"| {size_label(r['nbytes'])} | {number(r['native_ns'])} | {number(lookup)} "
+                f"| {number(r['native_ns'] - lookup)} |"
             )
     parts["floor"] = "\n".join(floor)
     page = next((r["ns"] for r in by.get("PageCalls", [])), {})
     lines = ["| driver call | ns |", "|---|---:|"]
     if page.get("page"):
-        size = _size_label(int(page["page"]))
+        size = size_label(int(page["page"]))
         lines += [
-            f"| `cuMem{k[0].upper()}{k[1:]}` | {_num(page[k])} |"
+            f"| `cuMem{k[0].upper()}{k[1:]}` | {number(page[k])} |"
             for k in ("create", "map", "unmap", "release")
         ]
-        lines.append(f"| `cuMemSetAccess` (a range of 64 pages) | {_num(page['set_access'])} |")
+        lines.append(f"| `cuMemSetAccess` (a range of 64 pages) | {number(page['set_access'])} |")
         lines.append(
-            f"| a page of {size} moved (unmap + map) | {_num(page['unmap'] + page['map'])} |"
+            f"| a page of {size} moved (unmap + map) | {number(page['unmap'] + page['map'])} |"
         )
     parts["pages"] = "\n".join(lines)
     plan = {(r["chain"], r["n"]): r["ratio"] for r in by.get("CubTempStoragePlanLoop", [])}

@@ -65,6 +65,11 @@ def _tool(name: str):
     return sys.modules[name]
 
 
+# One number format and one size label for every table of the docs (tools/asv_bodies.py's).
+fmt = _tool("asv_bodies.py").number
+_size = _tool("asv_bodies.py").size_label
+
+
 # -- asv results ------------------------------------------------------------------------------
 
 
@@ -98,12 +103,6 @@ def load(results_dir: str, machine: str):
     return values, sources
 
 
-def fmt(x: float) -> str:
-    if x >= 1e5:
-        return f"{x:.3g}"
-    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
-
-
 def table(header, rows) -> str:
     out = [
         "| " + " | ".join(header) + " |",
@@ -111,15 +110,6 @@ def table(header, rows) -> str:
     ]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)
-
-
-def _size(s: str, suffix: str = "B") -> str:
-    """'1048576' -> '1 MiB' (bytes) or '1 Mi' (an element count, suffix "")."""
-    n = int(s)
-    for unit, k in (("Mi", 1 << 20), ("Ki", 1 << 10)):
-        if n >= k and n % k == 0:
-            return f"{n // k} {unit}{suffix}"
-    return f"{n} {suffix}".strip()
 
 
 def per_size(data, scale, peers, higher_is_better=False, suffix="B"):

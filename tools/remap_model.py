@@ -24,34 +24,27 @@ passes 2 to 4 and in the last four; and the H200 replay's CudaAsync footprint fo
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
+from footprint_breakdown import GPU_REPLAY, MIB, TRACES, gpu_footprints  # noqa: E402
+
+from rmm_fences._cli._args import positive  # noqa: E402
+
 from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_testing import HostStreamOrderedPool  # noqa: E402
 
-TRACES = ROOT / "asv_bench" / "traces"
-GPU_REPLAY = ROOT / "docs" / "data" / "replay" / "replay_2026-12-05.jsonl"
 PAGE = 2 << 20
 STREAM_BASE = 100
 
 
-def events_of(name: str, traces: pathlib.Path) -> list[tuple[int, int, int, int]]:
+def events_of(name: str, traces: pathlib.Path) -> tuple[list[tuple[int, int, int, int]], int]:
+    """The log's events (action, id, bytes, stream) and its peak of live bytes."""
     trace = read_allocation_log(traces / f"{name}.csv.gz")
-    return list(
-        zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream.tolist())
-    )
-
-
-def live_peak(events) -> int:
-    now = peak = 0
-    for action, _, nbytes, _ in events:
-        now += nbytes if action == 0 else -nbytes
-        peak = max(peak, now)
-    return peak
+    events = zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream)
+    return [(a, i, n, int(s)) for a, i, n, s in events], trace.peak_live_bytes
 
 
 def one_pass(pool, events) -> None:
@@ -68,7 +61,7 @@ def one_pass(pool, events) -> None:
         pool.deallocate(ptr, nbytes, stream=STREAM_BASE + stream)
 
 
-def model(events, passes: int, call_ns: int, page_ns: int, fraction: float) -> dict:
+def model(events, peak: int, passes: int, call_ns: int, page_ns: int, fraction: float) -> dict:
     """Footprints over the live peak and shares of time moving pages, per stretch of passes."""
     pool = HostStreamOrderedPool(
         arena_page_size=PAGE,
@@ -77,7 +70,6 @@ def model(events, passes: int, call_ns: int, page_ns: int, fraction: float) -> d
         arena_remap_time_fraction=fraction,
     )
     pool.set_idle()
-    peak = live_peak(events)
     marks = {}  # passes done -> (remap ns so far, model ns so far, peak physical bytes)
     for done in range(1, passes + 1):
         one_pass(pool, events)
@@ -91,7 +83,6 @@ def model(events, passes: int, call_ns: int, page_ns: int, fraction: float) -> d
         return (r1 - r0) / max(t1 - t0, 1)
 
     return {
-        "live_peak": peak,
         "footprint_1": marks[1][2] / peak,
         "footprint_4": marks[4][2] / peak,
         "footprint_n": marks[passes][2] / peak,
@@ -100,19 +91,6 @@ def model(events, passes: int, call_ns: int, page_ns: int, fraction: float) -> d
         "moving_last_4": moving(passes - 4, passes),
         "pass_ms": marks[1][1] / 1e6,
     }
-
-
-def gpu_footprints(path: pathlib.Path) -> dict:
-    """{log: CudaAsync's footprint in bytes} of an H200 replay file (tools/asv_bodies.py run
-    replay), or {} without one."""
-    if not path.is_file():
-        return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line) if line.strip() else {}
-        if row.get("chain") == "cuda_async" and row.get("footprint_mib"):
-            out[row["trace"]] = row["footprint_mib"] * 2**20
-    return out
 
 
 def report(names, traces, passes, call_ns, page_costs, fraction, gpu_replay) -> list[str]:
@@ -133,11 +111,11 @@ def report(names, traces, passes, call_ns, page_costs, fraction, gpu_replay) -> 
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
-        events = events_of(name, traces)
+        events, peak = events_of(name, traces)
+        c = cuda.get((name, "cuda_async"))  # MiB
+        async_cell = "-" if c is None else f"{c * MIB / peak:.3f}x"
         for page_ns in page_costs:
-            m = model(events, passes, call_ns, page_ns, fraction)
-            c = cuda.get(name)
-            async_cell = "-" if c is None else f"{c / m['live_peak']:.3f}x"
+            m = model(events, peak, passes, call_ns, page_ns, fraction)
             lines.append(
                 f"| {name} | {page_ns} | {m['pass_ms']:.1f} | {m['footprint_1']:.3f}x "
                 f"| {m['footprint_4']:.3f}x | {m['footprint_n']:.3f}x | {m['moving_1']:.0%} "
@@ -146,21 +124,14 @@ def report(names, traces, passes, call_ns, page_costs, fraction, gpu_replay) -> 
     return lines
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="*", help="log names (default: every log in --traces)")
     parser.add_argument("--traces", type=pathlib.Path, default=TRACES)
     parser.add_argument("--gpu-replay", type=pathlib.Path, default=GPU_REPLAY)
-    parser.add_argument("--passes", type=positive_int, default=24, help="at least 8 (default 24)")
-    parser.add_argument("--call-ns", type=positive_int, default=200)
-    parser.add_argument("--page-ns", type=positive_int, nargs="+", default=[3000])
+    parser.add_argument("--passes", type=positive, default=24, help="at least 8 (default 24)")
+    parser.add_argument("--call-ns", type=positive, default=200)
+    parser.add_argument("--page-ns", type=positive, nargs="+", default=[3000])
     parser.add_argument("--fraction", type=float, default=0.05, help="remap_time_fraction")
     args = parser.parse_args(argv)
     if args.passes < 8:
