@@ -37,6 +37,8 @@ sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks")]
 from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_bench.alloc_log import ALLOCATE  # noqa: E402
 from rmm_fences_bench.cli import size as size_argument  # noqa: E402
+
+from rmm_fences._cli._args import positive  # noqa: E402
 from rmm_fences_testing import (  # noqa: E402
     POOL_CENSUS_PLACES,
     POOL_CENSUS_SIZE_CLASSES,
@@ -91,6 +93,7 @@ class Breakdown:
     growths: list[Growth]
     chunk_order: dict[int, int]  # chunk address -> the index of the growth that made it
     arena_peak: int = 0  # the most bytes of pages the pool over 2 MiB pages held (arena_peak)
+    repeated: int = 0  # bytes held after the log repeated (repeated_size); 0: not replayed so
 
     @property
     def excess(self) -> int:
@@ -139,29 +142,61 @@ def live_peak_event(trace) -> int:
     return at
 
 
+def events_of(trace) -> list[tuple[int, int, int, int]]:
+    """The log's events: (action, id, bytes, recorded stream)."""
+    events = zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream)
+    return [(a, i, n, int(s)) for a, i, n, s in events]
+
+
+def one_pass(pool, events) -> None:
+    """The log once, in order (recorded stream k is host stream STREAM_BASE + k); what it
+    leaves live is freed after it."""
+    live = {}
+    for action, ident, nbytes, stream in events:
+        if action == ALLOCATE:
+            live[ident] = (pool.allocate(nbytes, stream=STREAM_BASE + stream), nbytes, stream)
+        elif ident in live:
+            ptr, n, _ = live.pop(ident)
+            pool.deallocate(ptr, n, stream=STREAM_BASE + stream)
+    for ptr, nbytes, stream in live.values():
+        pool.deallocate(ptr, nbytes, stream=STREAM_BASE + stream)
+
+
 def arena_peak(trace) -> int:
     """The most bytes of pages the pool over a page arena of 2 MiB pages (VmmPoolMemoryResource's
     core) held replaying ``trace`` in recorded order on idle streams (every fence complete at
     once, as on the GPU, where the replay runs no kernel)."""
     pool = HostStreamOrderedPool(arena_page_size=2 * MIB)
     pool.set_idle()
-    ptrs = {}
-    events = zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream)
-    for action, ident, size, stream in events:
-        if action == ALLOCATE:
-            ptrs[ident] = pool.allocate(size, stream=STREAM_BASE + int(stream))
-        else:
-            pool.deallocate(ptrs.pop(ident), size, stream=STREAM_BASE + int(stream))
+    one_pass(pool, events_of(trace))
     if pool.violations:
         raise RuntimeError(f"the oracle saw {pool.violations}")
     return pool.arena["peak_physical_bytes"]
 
 
+def repeated_size(trace, maximum_growth_size: int | None, passes: int) -> int:
+    """The bytes the pool over host chunks holds after replaying ``trace`` ``passes`` times in
+    a row, on idle streams (what it left live freed after each pass): where a workload that
+    repeats settles."""
+    pool = HostStreamOrderedPool(maximum_growth_size=maximum_growth_size)
+    pool.set_idle()
+    events = events_of(trace)
+    for _ in range(passes):
+        one_pass(pool, events)
+    if pool.violations:
+        raise RuntimeError(f"the oracle saw {pool.violations}")
+    return pool.pool_size()
+
+
 def replay(
-    name: str, traces: pathlib.Path = TRACES, maximum_growth_size: int | None = None
+    name: str,
+    traces: pathlib.Path = TRACES,
+    maximum_growth_size: int | None = None,
+    passes: int = 1,
 ) -> Breakdown:
     """Replays the log ``name`` on a host pool (growths bounded by ``maximum_growth_size``, as
-    the resource's argument) with a census at each of ``MOMENTS``."""
+    the resource's argument) with a census at each of ``MOMENTS``; with ``passes`` above 1, also
+    what a fresh pool holds after that many replays in a row (``repeated_size``)."""
     trace = read_allocation_log(traces / f"{name}.csv.gz")
     peak_event = live_peak_event(trace)
     pool = HostStreamOrderedPool(maximum_growth_size=maximum_growth_size)
@@ -209,6 +244,7 @@ def replay(
         growths=growths,
         chunk_order=chunk_order,
         arena_peak=arena_peak(trace),
+        repeated=repeated_size(trace, maximum_growth_size, passes) if passes > 1 else 0,
     )
 
 
@@ -274,14 +310,17 @@ def main_contributor(b: Breakdown) -> str:
     return f"{label} ({share(n, b.excess)})"
 
 
-def summary(breakdowns: list[Breakdown], gpu: dict) -> list[str]:
-    """One row per log: live peak, the pool's peak and end, and the H200 replay's figures."""
+def summary(breakdowns: list[Breakdown], gpu: dict, passes: int = 1) -> list[str]:
+    """One row per log: live peak, the pool's peak and end (and after ``passes`` replays in a
+    row, when more than 1), and the H200 replay's figures."""
+    repeats = [f"after {passes} passes MiB (÷ live peak)"] if passes > 1 else []
     header = [
         "log",
         "live peak MiB",
         "pool peak MiB",
         "pool end MiB",
         "end ÷ live peak",
+        *repeats,
         "H200 pool MiB (÷ live peak)",
         "host − H200 MiB",
         "H200 CudaAsync MiB (÷ live peak)",
@@ -298,6 +337,7 @@ def summary(breakdowns: list[Breakdown], gpu: dict) -> list[str]:
                 mib(b.pool_peak),
                 mib(b.pool_end),
                 ratio(b.pool_end, b.live_peak),
+                *([f"{mib(b.repeated)} ({ratio(b.repeated, b.live_peak)})"] if repeats else []),
                 "-" if pool is None else f"{pool:.1f} ({ratio(pool * MIB, b.live_peak)})",
                 "-" if pool is None else f"{b.pool_end / MIB - pool:+.1f}",
                 "-" if cuda is None else f"{cuda:.1f} ({ratio(cuda * MIB, b.live_peak)})",
@@ -533,13 +573,22 @@ def main(argv: list[str] | None = None) -> int:
         help="bound each growth beyond its request, as the pool's maximum_growth_size "
         "(bytes or a size such as 128MiB; default: the pool's own growth rule)",
     )
+    parser.add_argument(
+        "--passes",
+        type=positive,
+        default=1,
+        help="also replay each log this many times in a row on a fresh pool and report what it "
+        "holds then (default 1: not)",
+    )
     args = parser.parse_args(argv)
     names = args.logs or sorted(p.name[: -len(".csv.gz")] for p in args.traces.glob("*.csv.gz"))
-    breakdowns = [replay(name, args.traces, args.maximum_growth_size) for name in names]
+    breakdowns = [
+        replay(name, args.traces, args.maximum_growth_size, args.passes) for name in names
+    ]
     lines = ["# Footprint breakdown (host pool)", "", stamp(args.gpu_replay), ""]
     if args.maximum_growth_size is not None:
         lines[2] += f"; maximum_growth_size {args.maximum_growth_size} bytes"
-    lines += summary(breakdowns, gpu_footprints(args.gpu_replay)) + [""]
+    lines += summary(breakdowns, gpu_footprints(args.gpu_replay), args.passes) + [""]
     for b in breakdowns:
         lines += report(b)
     print("\n".join(lines))

@@ -29,7 +29,14 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
-from footprint_breakdown import GPU_REPLAY, MIB, TRACES, gpu_footprints  # noqa: E402
+from footprint_breakdown import (  # noqa: E402
+    GPU_REPLAY,
+    MIB,
+    TRACES,
+    events_of,
+    gpu_footprints,
+    one_pass,
+)
 
 from rmm_fences._cli._args import positive  # noqa: E402
 
@@ -37,28 +44,12 @@ from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_testing import HostStreamOrderedPool  # noqa: E402
 
 PAGE = 2 << 20
-STREAM_BASE = 100
 
 
-def events_of(name: str, traces: pathlib.Path) -> tuple[list[tuple[int, int, int, int]], int]:
-    """The log's events (action, id, bytes, stream) and its peak of live bytes."""
+def load(name: str, traces: pathlib.Path) -> tuple[list[tuple[int, int, int, int]], int]:
+    """The log's events (``events_of``) and its peak of live bytes."""
     trace = read_allocation_log(traces / f"{name}.csv.gz")
-    events = zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream)
-    return [(a, i, n, int(s)) for a, i, n, s in events], trace.peak_live_bytes
-
-
-def one_pass(pool, events) -> None:
-    """The log once, in order (recorded stream k is host stream STREAM_BASE + k); what it
-    leaves live is freed after it."""
-    live = {}
-    for action, ident, nbytes, stream in events:
-        if action == 0:
-            live[ident] = (pool.allocate(nbytes, stream=STREAM_BASE + stream), nbytes, stream)
-        elif ident in live:
-            ptr, n, _ = live.pop(ident)
-            pool.deallocate(ptr, n, stream=STREAM_BASE + stream)
-    for ptr, nbytes, stream in live.values():
-        pool.deallocate(ptr, nbytes, stream=STREAM_BASE + stream)
+    return events_of(trace), trace.peak_live_bytes
 
 
 def model(events, peak: int, passes: int, call_ns: int, page_ns: int, fraction: float) -> dict:
@@ -111,7 +102,7 @@ def report(names, traces, passes, call_ns, page_costs, fraction, gpu_replay) -> 
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
-        events, peak = events_of(name, traces)
+        events, peak = load(name, traces)
         c = cuda.get((name, "cuda_async"))  # MiB
         async_cell = "-" if c is None else f"{c * MIB / peak:.3f}x"
         for page_ns in page_costs:

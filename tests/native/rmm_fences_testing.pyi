@@ -133,6 +133,7 @@ def pool_growth_chunk(
     room: int | None = None,
     maximum_growth_size: int | None = None,
     capturing: bool = False,
+    small_streak: int = 0,
 ) -> int: ...
 def host_replay(
     trace: Any,

@@ -1047,17 +1047,20 @@ cdef extern from "rmm_fences/detail/pool/growth_rule.hpp" \
         optional[size_t] room
         optional[size_t] maximum_growth_size
         bool capturing
+        size_t small_streak
 
     size_t c_growth_chunk "rmm_fences::mr::detail::pool::growth_chunk"(
         const growth_state&) noexcept
 
 
 def pool_growth_chunk(size_t held, size_t need, room=None, maximum_growth_size=None,
-                      bint capturing=False) -> int:
+                      bint capturing=False, size_t small_streak=0) -> int:
     """The chunk the stream-ordered pool's growth rule asks the upstream for, given the
     bytes the pool ``held``, the bytes a request ``need``s (rounded to the granule, plus its
     alignment padding), the ``room`` left below ``maximum_pool_size`` (None: no bound), the
-    pool's ``maximum_growth_size`` and whether the requesting stream is ``capturing``."""
+    pool's ``maximum_growth_size``, whether the requesting stream is ``capturing`` and the
+    bytes growths for small requests took since the last growth for a larger one
+    (``small_streak``)."""
     cdef growth_state s
     s.held = held
     s.need = need
@@ -1066,6 +1069,7 @@ def pool_growth_chunk(size_t held, size_t need, room=None, maximum_growth_size=N
     if maximum_growth_size is not None:
         s.maximum_growth_size = <size_t>maximum_growth_size
     s.capturing = capturing
+    s.small_streak = small_streak
     return c_growth_chunk(s)
 
 

@@ -10,6 +10,7 @@ step of a recorded log's replay and of generated programs, and each place is the
 pool's rules put the block in.
 """
 
+import importlib
 import subprocess
 import sys
 
@@ -322,3 +323,25 @@ def test_the_footprint_breakdown_runs_on_a_small_log(tmp_path):
     assert places.splitlines()[2].startswith("| reduce_1m |") and places.endswith("| 16.0 |")
     with pytest.raises(ValueError, match="part=chunks: expected summary or places"):
         report.render_footprint(tmp_path / "breakdown.md", "b.md", {"part": "chunks"})
+
+
+def test_the_footprint_breakdown_reports_what_the_pool_holds_when_the_log_repeats(monkeypatch):
+    """``--passes N``: a column of what a fresh pool holds after N replays in a row. With
+    growths bounded to 2 MiB, cupy_pipeline's pool holds 1.224x the live peak after one pass but
+    more once the log repeats (its free space, broken up differently from the first pass's, no
+    longer fits the pass's requests); with the pool's own rule it holds what it held after the
+    first. The figures are the same whatever ran before in the process (the harness places
+    chunks as the device does, lowest free address first)."""
+    monkeypatch.syspath_prepend(str(TOOLS))  # its dataclasses need it imported as a module
+    fb = importlib.import_module("footprint_breakdown")
+    trace = read_allocation_log(ROOT / "asv_bench" / "traces" / "cupy_pipeline.csv.gz")
+    peak = trace.peak_live_bytes
+    first = fb.repeated_size(trace, 2 << 20, 1)
+    assert first / peak == pytest.approx(1.224, abs=5e-4)
+    assert fb.repeated_size(trace, 2 << 20, 1) == first
+    assert fb.repeated_size(trace, 2 << 20, 8) / peak > 1.4
+    own = fb.repeated_size(trace, None, 1)
+    assert fb.repeated_size(trace, None, 8) == own
+    out = fb.summary([fb.replay("reduce_1m", passes=3)], {}, passes=3)
+    assert out[0].split(" | ")[5] == "after 3 passes MiB (÷ live peak)", out[0]
+    assert out[2].startswith("| reduce_1m | 12.0 | 16.0 | 16.0 | 1.329x | 16.0 (1.329x) | - |")

@@ -95,6 +95,14 @@ def test_a_small_workload_takes_no_64_mib_chunk():
     assert grown <= 4, grown
 
 
+def test_the_cub_loop_at_256m_holds_no_more_than_its_live_peak_and_a_2_mib_chunk():
+    """The CUB temp-storage loop at 256M floats: a 3 GiB input, then 256 bytes of temp storage
+    each call. Growing by half a pool grown for the input took 512 MiB for them (1.167x the
+    live peak); a small request grows it by 2 MiB (1.001x, under CudaAsync's 1.010x)."""
+    held, peak, grown = replay_on_host("reduce_256m")
+    assert held <= peak + 2 * MIB, f"{held / MIB:.0f} MiB held for {peak / MIB:.0f} MiB peak live"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_footprint_within_rmm_pool_s(name):
     """Every trace: at most 1.10x what rmm's pool held on the H200, in at most 16 growths

@@ -461,8 +461,10 @@ A pool that is safe without any host synchronization: reuse follows stream order
         a growth takes the larger of the request and ``min(pool_size(), maximum_growth_size)``.
         ``None`` (default): chunks of whole 2 MiB; the pool doubles below 64 MiB, as rmm's
         pool does, then a request of at least 1/8 of the pool gets a chunk of its own size
-        and a smaller one grows the pool by half, by at most 512 MiB beyond the request; a
-        small request takes a tight free block before splitting a big one its stream freed.
+        and a smaller one grows the pool by half, by at most 512 MiB beyond the request, but
+        a request of at most 1 MiB by 2 MiB, or by what such requests grew it by since the
+        last growth for a larger one, whichever is more; a small request takes a tight free
+        block before splitting a big one its stream freed.
         A bound limits each growth of a large pool,
         at the cost of more chunks (a block never spans two, so a fragmented pool may grow
         more).

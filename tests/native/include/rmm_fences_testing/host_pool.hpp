@@ -32,6 +32,7 @@
 
 #include <rmm_fences/detail/stream_identity.hpp>
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
+#include <rmm_fences_testing/host_address_space.hpp>
 #include <rmm_fences_testing/host_pool_census.hpp>
 
 #include <sys/mman.h>
@@ -697,7 +698,10 @@ class host_chunk_upstream {
                       std::size_t arena_page    = 0,
                       std::size_t arena_reserve = 0,
                       host_arena_costs costs    = {})
-    : limit_{limit}, log_{std::move(log)}, mutex_{std::make_unique<std::mutex>()}
+    : limit_{limit},
+      log_{std::move(log)},
+      mutex_{std::make_unique<std::mutex>()},
+      space_{std::make_unique<host_address_space>(limit)}
   {
     if (arena_page != 0) {
       // 256 GiB of address space by default: several times the largest log's peak, and a
@@ -713,7 +717,7 @@ class host_chunk_upstream {
   ~host_chunk_upstream()
   {
     for (auto const& [p, n] : live_) {
-      std::free(p);
+      if (!space_->holds(p)) { std::free(p); }
     }
   }
 
@@ -722,7 +726,8 @@ class host_chunk_upstream {
     run_hook(bytes, stream);
     std::lock_guard<std::mutex> guard(*mutex_);
     if (used_ + bytes > limit_) { throw pool_host_out_of_memory{}; }
-    void* p = std::aligned_alloc(alignment, bytes);
+    void* p = space_->take(bytes, alignment);  // where the device would put it
+    if (p == nullptr) { p = std::aligned_alloc(alignment, bytes); }
     if (p == nullptr) { throw std::bad_alloc{}; }
     used_ += bytes;
     live_[p] = bytes;
@@ -748,7 +753,11 @@ class host_chunk_upstream {
     }
     used_ -= bytes;
     live_.erase(p);
-    std::free(p);
+    if (space_->holds(p)) {
+      space_->give(p, bytes);
+    } else {
+      std::free(p);
+    }
   }
 
   [[nodiscard]] std::size_t used() const noexcept { return used_; }
@@ -770,6 +779,7 @@ class host_chunk_upstream {
   std::unique_ptr<std::mutex> mutex_;
   std::size_t used_{};
   std::map<void*, std::size_t> live_;
+  std::unique_ptr<host_address_space> space_;  // the chunks' addresses
   std::unique_ptr<host_page_arena> arena_;
 };
 

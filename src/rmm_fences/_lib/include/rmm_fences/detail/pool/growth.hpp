@@ -154,7 +154,8 @@ class upstream_growth {
     // in relaxed mode on a stream that is not captured.
     [[maybe_unused]] auto relaxed = platform_.relax();
     bool const capturing          = platform_.is_capturing(req.stream);
-    auto chunk    = growth_chunk({held, req.need(), room, bounds_.maximum_growth_size, capturing});
+    auto chunk    = growth_chunk(
+      {held, req.need(), room, bounds_.maximum_growth_size, capturing, small_streak_});
     auto const on = capturing ? platform_.private_stream() : req.stream;
     while (true) {
       char* ptr = nullptr;
@@ -167,6 +168,7 @@ class upstream_growth {
         continue;
       }
       pool_counters::bump(counters_.growths);
+      small_streak_ = req.need() <= small_request_bytes ? small_streak_ + chunk : 0;
       return capturing ? list_captured_chunk(req, ptr, chunk, on)
                        : list_grown_chunk(req, ptr, chunk);
     }
@@ -295,6 +297,7 @@ class upstream_growth {
   std::optional<typename arena_part<Platform, Upstream>::type> arena_;
   growth_bounds const bounds_;
   std::mutex mutex_;
+  std::size_t small_streak_{};  ///< `growth_state::small_streak` (guarded by `mutex_`)
   Platform& platform_;
   chunk_registry& chunks_;
   shared_list<Platform>& shared_;

@@ -30,6 +30,11 @@ inline constexpr std::size_t growth_divisor = 2;
 inline constexpr std::size_t default_growth_limit = std::size_t{512} << 20;
 /// A request of at least 1/this of the pool grows it by the request alone.
 inline constexpr std::size_t big_request_fraction = 8;
+/// A request of at most this many bytes is small (the threshold of PyTorch's caching
+/// allocator's small blocks): in a pool of at least `small_pool_bytes` it grows the pool by
+/// `growth_granularity`, or by what small requests have grown it by since the last growth for
+/// a larger one, whichever is more.
+inline constexpr std::size_t small_request_bytes = std::size_t{1} << 20;
 
 /// What the growth rule looks at.
 struct growth_state {
@@ -38,6 +43,8 @@ struct growth_state {
   std::optional<std::size_t> room;  ///< bytes left below `maximum_pool_size` (empty: no bound)
   std::optional<std::size_t> maximum_growth_size;  ///< the bound on a chunk beyond the request
   bool capturing{};                                ///< the requesting stream is captured
+  /// Bytes the growths for small requests took since the last growth for a larger one.
+  std::size_t small_streak{};
 };
 
 /**
@@ -49,7 +56,10 @@ struct growth_state {
  * size (doubling a large pool for one block would hold about the pool's size again); a smaller
  * one grows the pool by half, by at most `default_growth_limit` (the last growth leaves at
  * most a third of the pool, and at most `default_growth_limit`, unused, where doubling leaves
- * half). With `maximum_growth_size` the chunk is the larger of the request and min(pool size,
+ * half), and a small one (at most `small_request_bytes`) by at most `growth_granularity` or
+ * `small_streak`, whichever is more: small blocks need little room, so a pool grown for large
+ * blocks does not take hundreds of MiB for one of them, while a pool that small requests keep
+ * growing still grows geometrically. With `maximum_growth_size` the chunk is the larger of the request and min(pool size,
  * or `small_pool_bytes` at first, `maximum_growth_size`). In capture the growth beyond the
  * request is at most `small_pool_bytes` (a capture needs a few blocks: it does not double the
  * pool). A bounded pool whose growth would leave less room than it takes takes all of it: the
@@ -61,10 +71,13 @@ struct growth_state {
   if (s.maximum_growth_size) {
     step = std::min(s.held == 0 ? small_pool_bytes : s.held, *s.maximum_growth_size);
   } else {
-    auto const rule = s.held < small_pool_bytes ? s.held
-                      : s.need >= s.held / big_request_fraction
-                        ? 0
-                        : std::min(s.held / growth_divisor, default_growth_limit);
+    auto rule = s.held < small_pool_bytes ? s.held
+                : s.need >= s.held / big_request_fraction
+                  ? 0
+                  : std::min(s.held / growth_divisor, default_growth_limit);
+    if (s.held >= small_pool_bytes && s.need <= small_request_bytes) {
+      rule = std::min(rule, std::max(growth_granularity, s.small_streak));
+    }
     step =
       (std::max(s.need, rule) + growth_granularity - 1) / growth_granularity * growth_granularity;
   }
