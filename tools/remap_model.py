@@ -9,7 +9,11 @@ log replayed many times through the pool's core over a model of device pages (no
 Needs the host test harness (``rmm_fences_testing``, tests/native) and the benchmarks' library
 (``rmm_fences_bench``, benchmarks/), both built in place by ``make install``.
 
-The host arena models time: ``--call-ns`` per call of the pool (the work between calls too),
+The host arena models time: ``--call-ns`` per call of the pool (the work between calls too;
+the default, 200 ns, is calls back to back with no work between them, as in the replay
+benchmark), and, for the logs of PyTorch training steps, also the pace of those steps in the
+training benchmark (``--training``: PyTorch's own allocator's median step time over the log's
+calls per step),
 ``--page-ns`` per page mapped or unmapped and per range mapped (a page moved is two such calls;
 several values: a row per log and value); the pool spends at most ``--fraction``
 (``remap_time_fraction``) of that time moving pages once its peak in use stopped rising, from a
@@ -24,7 +28,10 @@ passes 2 to 4 and in the last four; and the H200 replay's CudaAsync footprint fo
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import pathlib
+import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -44,12 +51,33 @@ from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_testing import HostStreamOrderedPool  # noqa: E402
 
 PAGE = 2 << 20
+TRAINING = ROOT / "docs" / "data" / "torch" / "training_2026-12-01.json"
 
 
 def load(name: str, traces: pathlib.Path) -> tuple[list[tuple[int, int, int, int]], int]:
     """The log's events (``events_of``) and its peak of live bytes."""
     trace = read_allocation_log(traces / f"{name}.csv.gz")
     return events_of(trace), trace.peak_live_bytes
+
+
+def training_pace(name: str, traces: pathlib.Path, training: pathlib.Path) -> int | None:
+    """Nanoseconds per call of the log ``name`` at the pace of the training benchmark's steps
+    (PyTorch's allocator's median step time for the log's model and batch, over the log's calls
+    per step), or None for a log of no training benchmark's steps."""
+    meta_path = traces / f"{name}.json"
+    if not training.is_file() or not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    steps = [
+        r["step_s"]
+        for r in json.loads(training.read_text())
+        if r["allocator"] == "torch"
+        and (r["model"], r["batch"]) == (meta.get("model"), meta.get("batch"))
+    ]
+    if not steps or not meta.get("steps"):
+        return None
+    calls_per_step = meta["trace"]["events"] / meta["steps"]
+    return round(statistics.median(steps) * 1e9 / calls_per_step)
 
 
 def model(events, peak: int, passes: int, call_ns: int, page_ns: int, fraction: float) -> dict:
@@ -84,7 +112,9 @@ def model(events, peak: int, passes: int, call_ns: int, page_ns: int, fraction: 
     }
 
 
-def report(names, traces, passes, call_ns, page_costs, fraction, gpu_replay) -> list[str]:
+def report(
+    names, traces, passes, call_ns, page_costs, fraction, gpu_replay, training
+) -> list[str]:
     from asv_bodies import checkout_commit
 
     cuda = gpu_footprints(gpu_replay)
@@ -92,23 +122,28 @@ def report(names, traces, passes, call_ns, page_costs, fraction, gpu_replay) -> 
         "# vmm_pool when a workload repeats (host model)",
         "",
         f"commit `{checkout_commit() or 'unknown'}`; the pool's core over a model of 2 MiB "
-        f"pages, no GPU: {call_ns} ns per pool call, remap_time_fraction {fraction}, "
-        f"{passes} passes; CudaAsync from "
+        f"pages, no GPU: remap_time_fraction {fraction}, {passes} passes; training pace from "
+        f"`{training.name if training.is_file() else 'none'}`; CudaAsync from "
         f"`{gpu_replay.name if gpu_replay.is_file() else 'none'}`",
         "",
-        f"| log | page call ns | first pass (model ms) | footprint ÷ live peak: pass 1 | pass 4 "
+        f"| log | ns per call | page call ns | first pass (model ms) "
+        f"| footprint ÷ live peak: pass 1 | pass 4 "
         f"| pass {passes} | time moving pages: pass 1 | passes 2-4 | last 4 "
         "| H200 CudaAsync ÷ live peak |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         events, peak = load(name, traces)
         c = cuda.get((name, "cuda_async"))  # MiB
         async_cell = "-" if c is None else f"{c * MIB / peak:.3f}x"
-        for page_ns in page_costs:
-            m = model(events, peak, passes, call_ns, page_ns, fraction)
+        paces = [call_ns]
+        pace = training_pace(name, traces, training)
+        if pace is not None:
+            paces.append(pace)
+        for ns, page_ns in itertools.product(paces, page_costs):
+            m = model(events, peak, passes, ns, page_ns, fraction)
             lines.append(
-                f"| {name} | {page_ns} | {m['pass_ms']:.1f} | {m['footprint_1']:.3f}x "
+                f"| {name} | {ns} | {page_ns} | {m['pass_ms']:.1f} | {m['footprint_1']:.3f}x "
                 f"| {m['footprint_4']:.3f}x | {m['footprint_n']:.3f}x | {m['moving_1']:.0%} "
                 f"| {m['moving_2_4']:.0%} | {m['moving_last_4']:.0%} | {async_cell} |"
             )
@@ -124,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--call-ns", type=positive, default=200)
     parser.add_argument("--page-ns", type=positive, nargs="+", default=[3000])
     parser.add_argument("--fraction", type=float, default=0.05, help="remap_time_fraction")
+    parser.add_argument(
+        "--training",
+        type=pathlib.Path,
+        default=TRAINING,
+        help="the training benchmark's results (tools/torch_report.py train), for the pace of "
+        "the training logs (a missing file: none)",
+    )
     args = parser.parse_args(argv)
     if args.passes < 8:
         parser.error(f"--passes {args.passes}: expected at least 8 (pass 4 and the last four)")
@@ -138,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         args.page_ns,
         args.fraction,
         args.gpu_replay,
+        args.training,
     )
     print("\n".join(lines))
     return 0

@@ -20,6 +20,7 @@ from rmm_fences import VmmPoolMemoryResource
 
 from helpers.alloc_shapes import SHAPES, replay_pass
 from helpers.paths import ROOT, TOOLS
+from helpers.scripts import load_script
 from rmm_fences_bench import read_allocation_log
 from rmm_fences_testing import HostStreamOrderedPool
 
@@ -189,11 +190,11 @@ def test_the_remap_model_tool_reports_footprints_and_time_moving_per_page_cost()
         check=True,
     )
     rows = [x for x in run.stdout.splitlines() if x.startswith("| reduce_1m |")]
-    assert [r.split(" | ")[1] for r in rows] == ["3000", "30000"]
+    assert [r.split(" | ")[1:3] for r in rows] == [["200", "3000"], ["200", "30000"]]
     for r in rows:
         cells = r.strip("| ").split(" | ")
-        assert cells[3] == cells[4] == cells[5] == "1.163x"  # 14 MiB of 2 MiB pages for 12 live
-        assert cells[6:9] == ["0%", "0%", "0%"]
+        assert cells[4] == cells[5] == cells[6] == "1.163x"  # 14 MiB of 2 MiB pages for 12 live
+        assert cells[7:10] == ["0%", "0%", "0%"]
     assert "remap_time_fraction 0.05, 8 passes" in run.stdout
     for bad, message in (
         (["--passes", "4"], "expected at least 8"),
@@ -201,3 +202,23 @@ def test_the_remap_model_tool_reports_footprints_and_time_moving_per_page_cost()
     ):
         res = subprocess.run([*script, *bad], capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_the_remap_model_paces_training_logs_as_the_training_benchmark_ran():
+    """A log of PyTorch training steps is also modelled at the pace of the training benchmark:
+    PyTorch's allocator's median step time for its model and batch over the log's calls per
+    step (GPT-2, batch 8: 48.3 ms for 30613 / 13 calls, about 20.5 us a call). At that pace
+    the pool moves the pages it needs within its allowance and settles within 1.03x the live
+    peak, where calls back to back spend the allowance's credit and grow it to 1.19x."""
+    remap = load_script(TOOLS / "remap_model.py")
+    traces = TRACES
+    training = ROOT / "docs" / "data" / "torch" / "training_2026-12-01.json"
+    pace = remap.training_pace("torch_gpt2_small_train", traces, training)
+    assert pace == pytest.approx(48.3e6 / (30613 / 13), rel=0.01)
+    assert remap.training_pace("cupy_pipeline", traces, training) is None
+    assert remap.training_pace("torch_gpt2_small_train", traces, ROOT / "none.json") is None
+    events, peak = remap.load("torch_gpt2_small_train", traces)
+    paced = remap.model(events, peak, 8, pace, 30000, 0.05)
+    back_to_back = remap.model(events, peak, 8, 200, 30000, 0.05)
+    assert paced["footprint_n"] < 1.03 < 1.15 < back_to_back["footprint_n"]
+    assert paced["moving_last_4"] <= 0.05
