@@ -34,11 +34,11 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks")]
+from rmm_fences._cli._args import positive  # noqa: E402
+
 from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_bench.alloc_log import ALLOCATE  # noqa: E402
 from rmm_fences_bench.cli import size as size_argument  # noqa: E402
-
-from rmm_fences._cli._args import positive  # noqa: E402
 from rmm_fences_testing import (  # noqa: E402
     POOL_CENSUS_PLACES,
     POOL_CENSUS_SIZE_CLASSES,

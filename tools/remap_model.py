@@ -112,9 +112,7 @@ def model(events, peak: int, passes: int, call_ns: int, page_ns: int, fraction: 
     }
 
 
-def report(
-    names, traces, passes, call_ns, page_costs, fraction, gpu_replay, training
-) -> list[str]:
+def report(names, traces, passes, call_ns, page_costs, fraction, gpu_replay, training) -> list[str]:
     from asv_bodies import checkout_commit
 
     cuda = gpu_footprints(gpu_replay)

@@ -154,8 +154,8 @@ class upstream_growth {
     // in relaxed mode on a stream that is not captured.
     [[maybe_unused]] auto relaxed = platform_.relax();
     bool const capturing          = platform_.is_capturing(req.stream);
-    auto chunk    = growth_chunk(
-      {held, req.need(), room, bounds_.maximum_growth_size, capturing, small_streak_});
+    auto chunk =
+      growth_chunk({held, req.need(), room, bounds_.maximum_growth_size, capturing, small_streak_});
     auto const on = capturing ? platform_.private_stream() : req.stream;
     while (true) {
       char* ptr = nullptr;

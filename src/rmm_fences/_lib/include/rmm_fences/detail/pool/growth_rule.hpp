@@ -59,11 +59,11 @@ struct growth_state {
  * half), and a small one (at most `small_request_bytes`) by at most `growth_granularity` or
  * `small_streak`, whichever is more: small blocks need little room, so a pool grown for large
  * blocks does not take hundreds of MiB for one of them, while a pool that small requests keep
- * growing still grows geometrically. With `maximum_growth_size` the chunk is the larger of the request and min(pool size,
- * or `small_pool_bytes` at first, `maximum_growth_size`). In capture the growth beyond the
- * request is at most `small_pool_bytes` (a capture needs a few blocks: it does not double the
- * pool). A bounded pool whose growth would leave less room than it takes takes all of it: the
- * remainder, a chunk apart, could never serve a block as large as this one.
+ * growing still grows geometrically. With `maximum_growth_size` the chunk is the larger of the
+ * request and min(pool size, or `small_pool_bytes` at first, `maximum_growth_size`). In capture the
+ * growth beyond the request is at most `small_pool_bytes` (a capture needs a few blocks: it does
+ * not double the pool). A bounded pool whose growth would leave less room than it takes takes all
+ * of it: the remainder, a chunk apart, could never serve a block as large as this one.
  */
 [[nodiscard]] inline std::size_t growth_chunk(growth_state const& s) noexcept
 {
