@@ -393,22 +393,39 @@ WARNS_AT_IMPORT = """
     """
 
 
+def _stand_in(site, module):
+    """A package tree under ``site`` whose ``module`` warns as numpy 2.5 makes it warn."""
+    *packages, leaf = module.split(".")
+    d = site.joinpath(*packages)
+    d.mkdir(parents=True, exist_ok=True)
+    for k in range(len(packages)):
+        (site.joinpath(*packages[: k + 1]) / "__init__.py").touch()
+    (d / f"{leaf}.py").write_text(textwrap.dedent(WARNS_AT_IMPORT))
+
+
 @pytest.mark.parametrize("rapids", ["1", ""])
-def test_rapids_suites_import_numba_cuda_before_their_conftest(tmp_path, rapids):
+@pytest.mark.parametrize(
+    "module, importer",
+    [
+        ("numba.cuda.np.npdatetime_helpers", "conftest.py"),  # through cuDF, in its conftest
+        ("cudf.testing._utils", "test_a.py"),  # cuDF's test helpers, in a test file
+    ],
+)
+def test_rapids_suites_import_numba_cuda_before_their_conftest(tmp_path, rapids, module, importer):
     """cuDF's conftest imports cuDF, which imports a numba-cuda module that warns on numpy 2.5,
-    and its suite makes warnings errors: the plugin imports that module, the warning ignored,
-    before any conftest (in pytest_configure it came too late and no file was collected). A
-    stand-in numba that warns the same way; without RMM_FENCES_DS_RAPIDS the conftest fails."""
-    fake = tmp_path / "site" / "numba" / "cuda" / "np"
-    fake.mkdir(parents=True)
-    for d in (fake, fake.parent, fake.parent.parent):
-        (d / "__init__.py").write_text("")
-    (fake / "npdatetime_helpers.py").write_text(textwrap.dedent(WARNS_AT_IMPORT))
+    and 21 files of its suite import cuDF's test helpers, which warn too; the suite makes
+    warnings errors: the plugin imports those modules, the warning ignored, before any conftest
+    (in pytest_configure it came too late and no file was collected; without the helpers 21
+    files failed to collect on numpy 2.5). Stand-ins that warn the same way; without
+    RMM_FENCES_DS_RAPIDS the conftest or the test file fails to import."""
+    _stand_in(tmp_path / "site", module)
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
-    (suite / "conftest.py").write_text("import numba.cuda.np.npdatetime_helpers  # noqa: F401\n")
+    (suite / "conftest.py").write_text("")
     (suite / "test_a.py").write_text("def test_a():\n    pass\n")
+    with open(suite / importer, "a") as f:
+        f.write(f"import {module}  # noqa: F401\n")
     env = dict(
         os.environ,
         RMM_FENCES_DS_RAPIDS=rapids,
@@ -428,8 +445,8 @@ def test_rapids_suites_import_numba_cuda_before_their_conftest(tmp_path, rapids)
     if rapids:
         assert r.returncode == 0, r.stdout + r.stderr
         assert "1 passed" in r.stdout
-    else:
-        assert r.returncode == 4, r.stdout + r.stderr
+    else:  # 4: the conftest failed to import; 2: a test file failed to collect
+        assert r.returncode == (4 if importer == "conftest.py" else 2), r.stdout + r.stderr
         assert "DeprecationWarning" in r.stdout + r.stderr
 
 

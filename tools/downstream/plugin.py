@@ -18,10 +18,11 @@ Environment:
 ``RMM_FENCES_DS_RAPIDS``
     ``1`` for cuDF's and cudf-polars' suites: before the suite's ``conftest.py`` is imported
     (which imports cuDF), numpy gets back ``row_stack`` where it lacks it (numba-cuda <= 0.30.4
-    registers it, so ``import cudf`` fails on numpy 2.5 without it) and numba-cuda's module that
-    warns on numpy 2.5 is imported once with the warning ignored (cuDF's suite makes warnings
-    errors, so its conftest would fail to import). Under a chain, cudf-polars' own memory
-    resources are the chain: its in-memory engine builds the resource that
+    registers it, so ``import cudf`` fails on numpy 2.5 without it) and the modules that warn
+    when imported on numpy 2.5 (``WARN_AT_IMPORT``: numba-cuda's, cuDF's test helpers) are
+    imported once with the warning ignored (cuDF's suite makes warnings errors, so its conftest
+    and the files that import the helpers would fail to import). Under a chain, cudf-polars' own
+    memory resources are the chain: its in-memory engine builds the resource that
     ``CUDF_POLARS__MEMORY_RESOURCE_CONFIG__QUALNAME`` names (``plugin.chain_resource``) around
     every query, and its streaming engine the one of ``MemoryResourceConfig.default()`` (patched
     to name the same). A test that passes its own ``memory_resource`` keeps it. A process such a
@@ -122,27 +123,36 @@ def chain_resource():
 
 def pytest_load_initial_conftests(early_config, parser, args):
     """Before the suite's conftest.py is imported (cuDF's imports cuDF): see
-    RMM_FENCES_DS_RAPIDS. Imports neither rmm nor cupy, so it runs under RMM_FENCES_DS_FAKE too."""
+    RMM_FENCES_DS_RAPIDS. It runs under RMM_FENCES_DS_FAKE too: it imports rmm and cupy only
+    where cuDF is installed, through cuDF's test helpers, as the suite's own conftest would."""
     if os.environ.get("RMM_FENCES_DS_RAPIDS", "") == "1":
         _numpy_row_stack()
 
 
+#: Modules that warn when imported on numpy 2.5 (a datetime64 or timedelta64 of the 'generic'
+#: unit), which cuDF's suite (filterwarnings = error) turns into an error in every file that
+#: imports them: numba-cuda's (<= 0.30.4; cuDF's conftest imports it through cuDF) and cuDF's
+#: test helpers (26.10; imported by 21 of the 51 files of the default selection).
+WARN_AT_IMPORT = ("numba.cuda.np.npdatetime_helpers", "cudf.testing._utils")
+
+
 def _numpy_row_stack():
+    import importlib
     import warnings
 
     import numpy
 
     if not hasattr(numpy, "row_stack"):
         numpy.row_stack = numpy.vstack
-    # numba-cuda <= 0.30.4 also warns at import on numpy 2.5 (a timedelta64 of the 'generic'
-    # unit), which cuDF's suite (filterwarnings = error) turns into an error in every file it
-    # collects: import that module once here, with the warning ignored, baseline and chains alike
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            import numba.cuda.np.npdatetime_helpers  # noqa: F401
-        except Exception:  # no numba-cuda (cudf-polars alone) or no CUDA: nothing to pre-import
-            pass
+    # Each module of WARN_AT_IMPORT imported once here, with the warning ignored, baseline and
+    # chains alike; later imports find it imported and warn no more.
+    for name in WARN_AT_IMPORT:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                importlib.import_module(name)
+            except Exception:  # not installed (cudf-polars alone) or no CUDA: nothing to do
+                pass
 
 
 def _route_cudf_polars():
