@@ -19,9 +19,11 @@ read back with ``rmm_fences_bench.read_allocation_log``, which must accept it.
 Workloads (``--list``): the CUB temp-storage loop (``rmm_fences.reduce.device_sum``) on 1M and
 256M float32 elements, the 4 GiB Dask reduction of tests/dask/test_dask_gpu.py (on a dask-cuda
 cluster, or Dask's threaded scheduler over CuPy chunks), a CuPy pipeline on two streams (sort,
-reductions, scans, FFT, elementwise, mixed sizes), and a few training steps of the
+reductions, scans, FFT, elementwise, mixed sizes), a few training steps of the
 GPT-2-small-shaped and ResNet-50-shaped models of asv_bench/benchmarks/_torch_workloads.py
-(skipped without PyTorch).
+(skipped without PyTorch), and the dataframe benchmark's cuDF pipeline at 10M rows and its 22
+PDS-H queries on the Polars GPU engine (asv_bench/benchmarks/dataframes.py; skipped without
+cuDF and cudf-polars, PDS-H without its data).
 """
 
 from __future__ import annotations
@@ -196,6 +198,64 @@ def torch_steps(model: str, steps: int, batch: int) -> dict:
     return {"model": model, "steps": steps, "batch": batch, "losses": losses}
 
 
+def _dataframes():
+    """asv_bench/benchmarks/dataframes.py (a module of the benchmarks package)."""
+    sys.path.insert(0, str(ROOT / "asv_bench"))
+    from benchmarks import dataframes
+
+    return dataframes
+
+
+def cudf_pipeline_run(rows: int) -> dict:
+    """The dataframe benchmark's cuDF pipeline (groupby-aggregate, merge, sort, strings, a
+    rolling mean) on ``rows`` rows made on the GPU, twice (its warm-up and one timed run), with
+    cuDF allocating from the current device resource; the groupby sums and the rolling means'
+    sum checked against pandas on the host."""
+    dataframes = _dataframes()
+    tables = dataframes.cudf_tables(rows)
+    first = dataframes.cudf_pipeline(tables)
+    again = dataframes.cudf_pipeline(tables)
+    if first[:3] != again[:3]:
+        raise AssertionError(f"cuDF pipeline: {first}, then {again}")
+    _check_close(again[3], first[3], "the rolling means, run again")
+    fact = tables["fact"].to_pandas()
+    groups = fact.groupby("key").agg({"x": "sum"})
+    rolled = float(fact["x"].rolling(7).mean().sum())
+    if first[0] != len(groups):
+        raise AssertionError(f"groupby: {first[0]} groups, pandas {len(groups)}")
+    _check_close(first[3], rolled, "rolling mean")
+    return {"rows": rows, "groups": first[0], "joined": first[1]}
+
+
+def pdsh_run(data: pathlib.Path) -> dict:
+    """The 22 PDS-H queries of the dataframe benchmark, in order, each collected twice (its
+    warm-up and one timed run) on the Polars GPU engine (in-memory executor) with the current
+    device resource as its memory resource, over the parquet files in ``data``; each result
+    compared with Polars on the CPU (row count)."""
+    import polars as pl
+    import rmm
+
+    dataframes = _dataframes()
+    engine = pl.GPUEngine(
+        memory_resource=rmm.mr.get_current_device_resource(),
+        executor="in-memory",
+        raise_on_fail=True,
+    )
+    rows = {}
+    for q in dataframes.QUERIES:
+        frame = dataframes.pdsh_frame(q, data)
+        gpu = [frame.collect(engine=engine).height for _ in range(2)]
+        cpu = frame.collect().height
+        if gpu != [cpu, cpu]:
+            raise AssertionError(f"PDS-H q{q}: {gpu} rows on the GPU, {cpu} on the CPU")
+        rows[f"q{q}"] = cpu
+    return {"data": str(data), "rows": rows}
+
+
+def _pdsh_data() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("RMM_FENCES_PDSH_DATA", ROOT / "asv_bench" / "pdsh-data"))
+
+
 #: name -> (what it records, how the child runs it: f(log_path, upstream) -> dict)
 WORKLOADS = {
     "reduce_1m": (
@@ -237,6 +297,15 @@ WORKLOADS = {
         "3 warm-up and 10 timed steps), through rmm_torch_allocator",
         lambda log, up: torch_steps("resnet50", 13, 128),
     ),
+    "cudf_pipeline_10m": (
+        "the dataframe benchmark's cuDF pipeline on 10M rows, its warm-up and one timed run",
+        lambda log, up: cudf_pipeline_run(10_000_000),
+    ),
+    "pdsh_sf10": (
+        "the 22 PDS-H queries on the Polars GPU engine over the parquet files in "
+        "RMM_FENCES_PDSH_DATA (scale factor 10: tpchgen-cli), each its warm-up and one timed run",
+        lambda log, up: pdsh_run(_pdsh_data()),
+    ),
 }
 
 
@@ -244,6 +313,20 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def _missing(name: str) -> str | None:
+    """What the workload ``name`` needs that this machine lacks, or None."""
+    if name.startswith("torch_") and not _has("torch"):
+        return "PyTorch is not installed"
+    if name.startswith(("cudf_", "pdsh_")) and not _has("cudf"):
+        return "cuDF is not installed"
+    if name.startswith("pdsh_"):
+        if not _has("cudf_polars"):
+            return "cudf-polars is not installed"
+        if not (_pdsh_data() / "lineitem.parquet").is_file():
+            return f"no PDS-H data in {_pdsh_data()} (tpchgen-cli parquet -s 10 --output-dir=...)"
+    return None
 
 
 def child(name: str, log_path: str, upstream: str) -> int:
@@ -360,8 +443,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for name in args.workloads or list(WORKLOADS):
-        if name.startswith("torch_") and not _has("torch"):
-            print(f"{name}: skipped, PyTorch is not installed")
+        missing = _missing(name)
+        if missing:
+            print(f"{name}: skipped, {missing}")
             continue
         try:
             meta = record(name, args.out, args.upstream, args.max_events, args.timeout)

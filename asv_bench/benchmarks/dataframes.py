@@ -68,6 +68,67 @@ def _chain(name):
     return mr, FootprintMeter(mr)
 
 
+def cudf_tables(rows):
+    """The pipeline's tables, made on the GPU: a fact table of ``rows`` rows (an id, a key of
+    ``KEYS`` values, two float columns, a string column of ``WORDS``) and a dimension table of
+    every other key."""
+    (cudf,) = _rapids("cudf")
+    import cupy
+
+    rng = cupy.random.default_rng(0)
+    keys = rng.integers(0, KEYS, rows, dtype=cupy.int64)
+    return {
+        "fact": cudf.DataFrame(
+            {
+                "id": cupy.arange(rows, dtype=cupy.int64),
+                "key": keys,
+                "x": rng.standard_normal(rows) * 1e3,
+                "y": rng.uniform(-1.0, 1.0, rows),
+                "s": cudf.Series(WORDS)
+                .take(rng.integers(0, len(WORDS), rows))
+                .reset_index(drop=True),
+            }
+        ),
+        "dim": cudf.DataFrame(
+            {
+                "key": cupy.arange(0, KEYS, 2, dtype=cupy.int64),
+                "w": rng.uniform(1.0, 2.0, (KEYS + 1) // 2),
+            }
+        ),
+    }
+
+
+def cudf_pipeline(tables):
+    """groupby-aggregate, merge with the dimension table, a two-column sort, string case and
+    search, a rolling mean: (groups, joined rows, rows with a "T", the rolling means' sum)."""
+    fact, dim = tables["fact"], tables["dim"]
+    agg = fact.groupby("key").agg({"x": ["sum", "mean"], "y": "max"})
+    joined = fact.merge(dim, on="key").sort_values(["key", "id"])
+    upper = fact["s"].str.upper()
+    found = upper.str.contains("T").sum()
+    rolled = fact["x"].rolling(7).mean()
+    return len(agg), len(joined), int(found), float(rolled.sum())
+
+
+def pdsh_frame(query, data=DATA):
+    """The PDS-H query ``query`` (cudf-polars' ``PDSHQueries``) over the parquet files in
+    ``data``, as a Polars LazyFrame; NotImplementedError (asv skips) naming what is missing."""
+    pl, _ = _rapids("polars", "cudf_polars")
+    try:
+        from cudf_polars.streaming.benchmarks.pdsh import PDSHQueries
+    except ImportError as exc:
+        raise NotImplementedError(f"cudf-polars without its PDS-H queries: {exc}") from None
+    if not (data / "lineitem.parquet").is_file():
+        raise NotImplementedError(
+            f"no PDS-H data in {data}: make it with tpchgen-cli (see this module's docstring)"
+        )
+    suppliers = pl.scan_parquet(data / "supplier.parquet").select(pl.len()).collect().item()
+    run_config = types.SimpleNamespace(
+        dataset_path=str(data), suffix=".parquet", scale_factor=suppliers / 10_000
+    )
+    return getattr(PDSHQueries, f"q{query}")(run_config).frame
+
+
 class _OnChain:
     """Installs the chain as rmm's current device resource for the benchmark's process; one
     run per sample (each runs for seconds)."""
@@ -110,42 +171,13 @@ class CudfPipeline(_OnChain):
 
     def setup(self, rows, chain):
         require_gpu()
-        (cudf,) = _rapids("cudf")
-        import cupy
-
+        _rapids("cudf")
         self._install(chain)
-        rng = cupy.random.default_rng(0)
-        keys = rng.integers(0, KEYS, rows, dtype=cupy.int64)
-        self.cudf = cudf
-        self.data = {
-            "fact": cudf.DataFrame(
-                {
-                    "id": cupy.arange(rows, dtype=cupy.int64),
-                    "key": keys,
-                    "x": rng.standard_normal(rows) * 1e3,
-                    "y": rng.uniform(-1.0, 1.0, rows),
-                    "s": cudf.Series(WORDS)
-                    .take(rng.integers(0, len(WORDS), rows))
-                    .reset_index(drop=True),
-                }
-            ),
-            "dim": cudf.DataFrame(
-                {
-                    "key": cupy.arange(0, KEYS, 2, dtype=cupy.int64),
-                    "w": rng.uniform(1.0, 2.0, (KEYS + 1) // 2),
-                }
-            ),
-        }
+        self.data = cudf_tables(rows)
         self._measured(self._pipeline)
 
     def _pipeline(self):
-        fact, dim = self.data["fact"], self.data["dim"]
-        agg = fact.groupby("key").agg({"x": ["sum", "mean"], "y": "max"})
-        joined = fact.merge(dim, on="key").sort_values(["key", "id"])
-        upper = fact["s"].str.upper()
-        found = upper.str.contains("T").sum()
-        rolled = fact["x"].rolling(7).mean()
-        return len(agg), len(joined), int(found), float(rolled.sum())
+        return cudf_pipeline(self.data)
 
     def time_pipeline(self, rows, chain):
         import cupy
@@ -169,20 +201,9 @@ class PdsH(_OnChain):
     def setup(self, query, chain):
         require_gpu()
         pl, _ = _rapids("polars", "cudf_polars")
-        try:
-            from cudf_polars.streaming.benchmarks.pdsh import PDSHQueries
-        except ImportError as exc:
-            raise NotImplementedError(f"cudf-polars without its PDS-H queries: {exc}") from None
-        if not (DATA / "lineitem.parquet").is_file():
-            raise NotImplementedError(
-                f"no PDS-H data in {DATA}: make it with tpchgen-cli (see this module's docstring)"
-            )
-        suppliers = pl.scan_parquet(DATA / "supplier.parquet").select(pl.len()).collect().item()
-        run_config = types.SimpleNamespace(
-            dataset_path=str(DATA), suffix=".parquet", scale_factor=suppliers / 10_000
-        )
+        frame = pdsh_frame(query)
         self._install(chain)
-        self.frame = getattr(PDSHQueries, f"q{query}")(run_config).frame
+        self.frame = frame
         self.engine = pl.GPUEngine(
             memory_resource=self.mr, executor="in-memory", raise_on_fail=True
         )

@@ -84,10 +84,29 @@ def test_recorder_lists_its_workloads(capsys):
         "cupy_pipeline",
         "torch_gpt2_small",
         "torch_resnet50",
+        "cudf_pipeline_10m",
+        "pdsh_sf10",
     ):
         assert name in listed and name in rec.WORKLOADS
     with pytest.raises(SystemExit):
         rec.main(["no_such_workload"])
+
+
+def test_recorder_skips_a_dataframe_workload_naming_what_is_missing(tmp_path, monkeypatch):
+    """Without cuDF (CI) the dataframe workloads are skipped with the reason, before any
+    process starts; with cuDF and cudf-polars but no PDS-H data, the reason names the folder
+    and how to make it."""
+    rec = recorder()
+    monkeypatch.setattr(rec, "_has", lambda module: module not in ("cudf", "cudf_polars"))
+    assert rec._missing("cudf_pipeline_10m") == "cuDF is not installed"
+    assert rec._missing("pdsh_sf10") == "cuDF is not installed"
+    assert rec._missing("reduce_1m") is None
+    monkeypatch.setattr(rec, "_has", lambda module: True)
+    monkeypatch.setenv("RMM_FENCES_PDSH_DATA", str(tmp_path))
+    assert f"no PDS-H data in {tmp_path}" in rec._missing("pdsh_sf10")
+    assert rec._missing("cudf_pipeline_10m") is None
+    (tmp_path / "lineitem.parquet").touch()
+    assert rec._missing("pdsh_sf10") is None
 
 
 def test_recorder_cuts_and_compresses_an_rmm_log(tmp_path):
