@@ -19,7 +19,8 @@ read back with ``rmm_fences_bench.read_allocation_log``, which must accept it.
 Workloads (``--list``): the CUB temp-storage loop (``rmm_fences.reduce.device_sum``) on 1M and
 256M float32 elements, the 4 GiB Dask reduction of tests/dask/test_dask_gpu.py (on a dask-cuda
 cluster, or Dask's threaded scheduler over CuPy chunks), a CuPy pipeline on two streams (sort,
-reductions, scans, FFT, elementwise, mixed sizes), a few training steps of the
+reductions, scans, FFT, elementwise, mixed sizes), CuPy on four streams with sizes from 256 B
+to 1 GiB and short- and long-lived blocks interleaved, a few training steps of the
 GPT-2-small-shaped and ResNet-50-shaped models of asv_bench/benchmarks/_torch_workloads.py
 (skipped without PyTorch), and the dataframe benchmark's cuDF pipeline at 10M rows and its 22
 PDS-H queries on the Polars GPU engine (asv_bench/benchmarks/dataframes.py; skipped without
@@ -171,6 +172,58 @@ def cupy_pipeline(rounds: int = 12) -> dict:
     return {"rounds": rounds, "streams": 2}
 
 
+#: cupy_mixed's sizes, in float32 elements: 256 B to 1 GiB.
+MIXED_SIZES = [1 << 6, 1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28]
+#: cupy_mixed's lifetimes, in rounds: freed in the round that made it, kept two rounds, eight,
+#: and to the end (arrays of at most 16M elements: the long-lived ones stay small).
+MIXED_KEEP = [0, 2, 8, None]
+
+
+def cupy_mixed(rounds: int = 24, streams: int = 4) -> dict:
+    """Four non-blocking streams; each round on each stream: random input of a size from 256 B
+    to 1 GiB (the sizes cycle at a different phase per stream), a sort, a float64 cumulative
+    sum and an elementwise expression, the input and the sums kept for a lifetime that cycles
+    too (freed at once, two rounds, eight rounds, to the end), so that blocks of every size and
+    lifetime interleave on every stream. Each sum checked against float64 on the host as its
+    block is freed (inputs of at most 16M elements; the larger ones against a float64 sum on
+    the device)."""
+    import cupy
+    import numpy as np
+
+    ss = [cupy.cuda.Stream(non_blocking=True) for _ in range(streams)]
+    live: list[tuple[int | None, object, object, object]] = []  # (last round, stream, x, sum)
+
+    def check(stream, x, total):
+        stream.synchronize()
+        if x.size <= 1 << 24:
+            ref = cupy.asnumpy(x).astype(np.float64).sum()
+        else:
+            ref = float(x.astype(cupy.float64).sum())
+        _check_close(float(total), ref, f"cumulative sum of {x.size} floats")
+
+    for r in range(rounds):
+        for k, stream in enumerate(ss):
+            with stream:
+                n = MIXED_SIZES[(5 * r + 3 * k) % len(MIXED_SIZES)]
+                keep = MIXED_KEEP[(r + 2 * k) % len(MIXED_KEEP)]
+                if keep is None and n > 1 << 24:
+                    keep = 1
+                x = cupy.random.RandomState(1000 * r + k).standard_normal(n, dtype=cupy.float32)
+                ordered = cupy.sort(x)
+                total = cupy.cumsum(x, dtype=cupy.float64)[-1]
+                wave = cupy.exp(-x * x) * cupy.sin(3 * x)
+                if not bool(ordered[0] <= ordered[-1]) or not bool(cupy.isfinite(wave).all()):
+                    raise AssertionError(f"round {r}, stream {k}: sort or elementwise")
+                del ordered, wave
+                live.append((None if keep is None else r + keep, stream, x, total))
+        for item in [e for e in live if e[0] is not None and e[0] <= r]:
+            live.remove(item)
+            check(*item[1:])
+    for _, stream, x, total in live:
+        check(stream, x, total)
+    return {"rounds": rounds, "streams": streams, "sizes": [4 * n for n in MIXED_SIZES]}
+
+
 def torch_steps(model: str, steps: int, batch: int) -> dict:
     """``steps`` training steps (bf16 autocast, AdamW) of a model of
     asv_bench/benchmarks/_torch_workloads.py, PyTorch allocating through
@@ -278,6 +331,11 @@ WORKLOADS = {
     "cupy_pipeline": (
         "a CuPy pipeline on two streams: sort, scans, FFT, elementwise, reductions",
         lambda log, up: cupy_pipeline(),
+    ),
+    "cupy_mixed": (
+        "CuPy on four streams: sizes from 256 B to 1 GiB, blocks freed at once, after two or "
+        "eight rounds and at the end, interleaved on every stream",
+        lambda log, up: cupy_mixed(),
     ),
     "torch_gpt2_small": (
         "2 training steps of the GPT-2-small-shaped model, batch 4, through rmm_torch_allocator",

@@ -7,6 +7,7 @@ import gzip
 import importlib
 import io
 import json
+import sys
 
 import pytest
 
@@ -290,3 +291,67 @@ def test_replay_table_shows_a_footprint_that_grew_in_the_timed_replays(tmp_path)
     table = asv_bodies().table_replay(path)
     assert "| t | 1.00 M, 100 MiB | 1.00 M, 100 MiB | 1.00 M, 100 MiB -> 150 MiB " in table
     assert "| 1.00 M, 100 MiB -> 130 MiB |" in table
+
+
+class _FakeCupy:
+    """numpy standing in for the CuPy calls of the recorder's cupy_mixed (no GPU here)."""
+
+    def __init__(self):
+        import types
+
+        import numpy as np
+
+        self.np = np
+        self.sizes = []
+        fake = self
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def synchronize(self):
+                pass
+
+        class RandomState:
+            def __init__(self, seed):
+                self.rs, self.stream = np.random.RandomState(seed), seed % 1000
+
+            def standard_normal(self, n, dtype):
+                fake.sizes.append((self.stream, n))
+                return self.rs.standard_normal(n).astype(dtype)
+
+        self.cuda = types.SimpleNamespace(Stream=Stream)
+        self.random = types.SimpleNamespace(RandomState=RandomState)
+        self.float32, self.float64 = np.float32, np.float64
+        for name in ("sort", "cumsum", "exp", "sin", "isfinite"):
+            setattr(self, name, getattr(np, name))
+        self.asnumpy = np.asarray
+
+
+def test_recorder_cupy_mixed_interleaves_every_size_and_lifetime(monkeypatch):
+    """The mixed workload's schedule, with numpy standing in for CuPy and its sizes scaled
+    down: every size on every stream, and each block's sum checked once as it is freed (a sum
+    made wrong is caught)."""
+    rec = recorder()
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(rec, "MIXED_SIZES", [1 << k for k in range(2, 11)])  # 16 B to 4 KiB
+    checked = []
+    real_check = rec._check_close
+    monkeypatch.setattr(
+        rec, "_check_close", lambda g, r, w: checked.append(w) or real_check(g, r, w)
+    )
+    info = rec.cupy_mixed(rounds=24, streams=4)
+    assert info["streams"] == 4 and len(fake.sizes) == 96
+    for k in range(4):  # every size on every stream
+        assert sorted({n for s, n in fake.sizes if s == k}) == rec.MIXED_SIZES
+    assert len(checked) == 96  # every block checked once, freed early or at the end
+    monkeypatch.setattr(fake, "cumsum", lambda x, dtype: fake.np.cumsum(x, dtype=dtype) + 1.0)
+    with pytest.raises(AssertionError, match="cumulative sum"):
+        rec.cupy_mixed(rounds=2, streams=1)
