@@ -162,25 +162,24 @@ def one_pass(pool, events) -> None:
         pool.deallocate(ptr, nbytes, stream=STREAM_BASE + stream)
 
 
-def arena_peak(trace) -> int:
+def arena_peak(events) -> int:
     """The most bytes of pages the pool over a page arena of 2 MiB pages (VmmPoolMemoryResource's
-    core) held replaying ``trace`` in recorded order on idle streams (every fence complete at
-    once, as on the GPU, where the replay runs no kernel)."""
+    core) held replaying a log's ``events`` (``events_of``) in recorded order on idle streams
+    (every fence complete at once, as on the GPU, where the replay runs no kernel)."""
     pool = HostStreamOrderedPool(arena_page_size=2 * MIB)
     pool.set_idle()
-    one_pass(pool, events_of(trace))
+    one_pass(pool, events)
     if pool.violations:
         raise RuntimeError(f"the oracle saw {pool.violations}")
     return pool.arena["peak_physical_bytes"]
 
 
-def repeated_size(trace, maximum_growth_size: int | None, passes: int) -> int:
-    """The bytes the pool over host chunks holds after replaying ``trace`` ``passes`` times in
-    a row, on idle streams (what it left live freed after each pass): where a workload that
-    repeats settles."""
+def repeated_size(events, maximum_growth_size: int | None, passes: int) -> int:
+    """The bytes the pool over host chunks holds after replaying a log's ``events``
+    (``events_of``) ``passes`` times in a row, on idle streams (what it left live freed after
+    each pass): where a workload that repeats settles."""
     pool = HostStreamOrderedPool(maximum_growth_size=maximum_growth_size)
     pool.set_idle()
-    events = events_of(trace)
     for _ in range(passes):
         one_pass(pool, events)
     if pool.violations:
@@ -203,17 +202,17 @@ def replay(
     pool.record_growths()
     ptrs, grown, censuses, requested = {}, [], {}, {}
     live = pool_peak_event = 0
-    events = zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream)
+    events = events_of(trace)
     for i, (action, ident, size, stream) in enumerate(events):
         held = pool.pool_size()
         if action == ALLOCATE:
-            ptrs[ident] = pool.allocate(size, stream=STREAM_BASE + int(stream))
+            ptrs[ident] = pool.allocate(size, stream=STREAM_BASE + stream)
             live += size
         else:
-            pool.deallocate(ptrs.pop(ident), size, stream=STREAM_BASE + int(stream))
+            pool.deallocate(ptrs.pop(ident), size, stream=STREAM_BASE + stream)
             live -= size
         if pool.pool_size() != held:
-            grown.append((i, int(stream), rounded(size)))
+            grown.append((i, stream, rounded(size)))
             censuses["pool peak"], requested["pool peak"], pool_peak_event = pool.census(), live, i
         if i == peak_event:
             censuses["live peak"], requested["live peak"] = pool.census(), live
@@ -243,8 +242,8 @@ def replay(
         requested=requested,
         growths=growths,
         chunk_order=chunk_order,
-        arena_peak=arena_peak(trace),
-        repeated=repeated_size(trace, maximum_growth_size, passes) if passes > 1 else 0,
+        arena_peak=arena_peak(events),
+        repeated=repeated_size(events, maximum_growth_size, passes) if passes > 1 else 0,
     )
 
 

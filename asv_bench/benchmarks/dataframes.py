@@ -37,11 +37,25 @@ SPECS = {
 ROWS = [10_000_000, 100_000_000]
 KEYS = 100_003
 WORDS = ["alpha", "Beta", "gamma", "DELTA", "epsilon", "zeta", "Eta", "theta"]
-DATA = pathlib.Path(
-    os.environ.get(
-        "RMM_FENCES_PDSH_DATA", pathlib.Path(__file__).resolve().parents[1] / "pdsh-data"
-    )
-)
+
+
+def pdsh_data() -> pathlib.Path:
+    """The folder of the PDS-H parquet files: ``RMM_FENCES_PDSH_DATA``, by default
+    asv_bench/pdsh-data."""
+    default = pathlib.Path(__file__).resolve().parents[1] / "pdsh-data"
+    return pathlib.Path(os.environ.get("RMM_FENCES_PDSH_DATA", default))
+
+
+DATA = pdsh_data()
+
+
+def missing_pdsh_data(data) -> str | None:
+    """Why the folder ``data`` holds no PDS-H data, or None when it does."""
+    if (data / "lineitem.parquet").is_file():
+        return None
+    return f"no PDS-H data in {data}: make it with tpchgen-cli (see this module's docstring)"
+
+
 QUERIES = list(range(1, 23))
 
 
@@ -118,10 +132,9 @@ def pdsh_frame(query, data=DATA):
         from cudf_polars.streaming.benchmarks.pdsh import PDSHQueries
     except ImportError as exc:
         raise NotImplementedError(f"cudf-polars without its PDS-H queries: {exc}") from None
-    if not (data / "lineitem.parquet").is_file():
-        raise NotImplementedError(
-            f"no PDS-H data in {data}: make it with tpchgen-cli (see this module's docstring)"
-        )
+    missing = missing_pdsh_data(data)
+    if missing:
+        raise NotImplementedError(missing)
     suppliers = pl.scan_parquet(data / "supplier.parquet").select(pl.len()).collect().item()
     run_config = types.SimpleNamespace(
         dataset_path=str(data), suffix=".parquet", scale_factor=suppliers / 10_000

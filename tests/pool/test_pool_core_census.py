@@ -335,13 +335,13 @@ def test_the_footprint_breakdown_reports_what_the_pool_holds_when_the_log_repeat
     monkeypatch.syspath_prepend(str(TOOLS))  # its dataclasses need it imported as a module
     fb = importlib.import_module("footprint_breakdown")
     trace = read_allocation_log(ROOT / "asv_bench" / "traces" / "cupy_pipeline.csv.gz")
-    peak = trace.peak_live_bytes
-    first = fb.repeated_size(trace, 2 << 20, 1)
+    peak, events = trace.peak_live_bytes, fb.events_of(trace)
+    first = fb.repeated_size(events, 2 << 20, 1)
     assert first / peak == pytest.approx(1.224, abs=5e-4)
-    assert fb.repeated_size(trace, 2 << 20, 1) == first
-    assert fb.repeated_size(trace, 2 << 20, 8) / peak > 1.4
-    own = fb.repeated_size(trace, None, 1)
-    assert fb.repeated_size(trace, None, 8) == own
+    assert fb.repeated_size(events, 2 << 20, 1) == first
+    assert fb.repeated_size(events, 2 << 20, 8) / peak > 1.4
+    own = fb.repeated_size(events, None, 1)
+    assert fb.repeated_size(events, None, 8) == own
     out = fb.summary([fb.replay("reduce_1m", passes=3)], {}, passes=3)
     assert out[0].split(" | ")[5] == "after 3 passes MiB (÷ live peak)", out[0]
     assert out[2].startswith("| reduce_1m | 12.0 | 16.0 | 16.0 | 1.329x | 16.0 (1.329x) | - |")

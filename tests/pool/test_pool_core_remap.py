@@ -211,8 +211,7 @@ def test_the_remap_model_paces_training_logs_as_the_training_benchmark_ran():
     the pool moves the pages it needs within its allowance and settles within 1.03x the live
     peak, where calls back to back spend the allowance's credit and grow it to 1.19x."""
     remap = load_script(TOOLS / "remap_model.py")
-    traces = TRACES
-    training = ROOT / "docs" / "data" / "torch" / "training_2026-12-01.json"
+    traces, training = TRACES, remap.TRAINING
     pace = remap.training_pace("torch_gpt2_small_train", traces, training)
     assert pace == pytest.approx(48.3e6 / (30613 / 13), rel=0.01)
     assert remap.training_pace("cupy_pipeline", traces, training) is None
