@@ -211,17 +211,47 @@ def test_default_plan(tmp_path):
         "cupy_tests/sorting_tests/test_sort.py",
     ]
     assert "cupy_tests/cuda_tests/test_graph.py" in suites["cupy"]["missing"]
-    chains = {(j["suite"], j["chain"]) for j in jobs}
+    chains = {(j["suite"], j["chain"]) for j in jobs if not j.get("if_regressed")}
     assert len(chains) == 5 + 9
     assert ("cupy", "tracker+CupyAllocator") in chains and ("rmm", "tracker") in chains
     assert ("cupy", "pool") not in chains
+    # rmm's own resources run where a chain they are the reference of regressed
+    due = {(j["suite"], j["chain"]): j["if_regressed"] for j in jobs if j.get("if_regressed")}
+    assert due == {
+        ("rmm", "ref_cuda_async"): ["pool", "tracker"],
+        ("rmm", "ref_rmm_pool"): ["sof_deferred", "sof_stream"],
+        ("cupy", "ref_cuda_async+CupyAllocator"): ["pool+CupyAllocator", "tracker+CupyAllocator"],
+        ("cupy", "ref_cuda_async+rmm_cupy_allocator"): [
+            "pool+rmm_cupy_allocator",
+            "tracker+rmm_cupy_allocator",
+        ],
+        ("cupy", "ref_rmm_pool+CupyAllocator"): [
+            "sof_deferred+CupyAllocator",
+            "sof_stream+CupyAllocator",
+        ],
+        ("cupy", "ref_rmm_pool+rmm_cupy_allocator"): [
+            "sof_deferred+rmm_cupy_allocator",
+            "sof_stream+rmm_cupy_allocator",
+        ],
+    }
+    every = run.plan(
+        run.parse_args(["--suite", f"rmm={rmm}", "--out", "x", "--references", "every-file"])
+    )[1]
+    assert {j["chain"] for j in every if not j.get("if_regressed")} >= {
+        "ref_cuda_async",
+        "ref_rmm_pool",
+    }
+    none = run.plan(
+        run.parse_args(["--suite", f"rmm={rmm}", "--out", "x", "--references", "none"])
+    )[1]
+    assert not any(j["chain"].startswith("ref_") for j in none)
     assert [j["chain"] for j in jobs[:4]] == ["baseline"] * 4  # every baseline first
     pool = next(j for j in jobs if j["chain"] == "pool+rmm_cupy_allocator")
     assert pool["env"] == {"RMM_FENCES_DS_CHAIN": "pool(cuda_async)", "RMM_FENCES_DS_CUPY": "rmm"}
     _, only = run.plan(
         run.parse_args(["--suite", f"cupy={cupy}", "--out", "x", "--chains", "sof_stream"])
     )
-    assert {j["chain"] for j in only} == {
+    assert {j["chain"] for j in only if not j.get("if_regressed")} == {
         "baseline",
         "sof_stream+rmm_cupy_allocator",
         "sof_stream+CupyAllocator",
@@ -291,6 +321,47 @@ def test_plan_splits_only_files_that_name_the_mark(tmp_path):
     assert [j.get("mark") for j in run.plan(args)[1]] == [None, None]
 
 
+ONLY_OWN = """
+    import os
+
+    def test_fails_only_under_the_pool():
+        assert "pool(" not in os.environ.get("RMM_FENCES_DS_CHAIN", ""), "the pool's own"
+
+    def test_fails_under_cuda_async_too():
+        assert not os.environ.get("RMM_FENCES_DS_CHAIN"), "rmm's too"
+    """
+
+
+def test_references_run_only_where_a_chain_regressed(suite, tmp_path):
+    (suite / "test_only_own.py").write_text(textwrap.dedent(ONLY_OWN))
+    out = tmp_path / "out"
+    chains = ("--chain", "pool=pool(cuda_async)", "--chain", "ref_cuda_async=cuda_async")
+    files = ("--files", "test_only_own.py", "test_pass.py")
+    r = run_fake(suite, out, *files, *chains)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 file(s) under rmm's own resources, where a chain regressed" in r.stderr
+    ran = sorted(p.name for p in (out / "fake" / "ref_cuda_async").glob("*.meta.json"))
+    assert ran == ["test_only_own.meta.json"]  # not test_pass.py: the pool passed it
+    results = json.loads((out / "summary.json").read_text())["results"]["fake"]
+    pool = results["pool"]
+    assert pool["own_regressions"] == 1 and results["ref_cuda_async"]["files_pending"] == []
+    shared = {r["test"].split("::")[-1]: r.get("shared_with") for r in pool["regressions"]}
+    assert shared == {
+        "test_fails_only_under_the_pool": None,
+        "test_fails_under_cuda_async_too": "ref_cuda_async",
+    }
+    assert "(1 not under its rmm reference)" in r.stdout
+
+    # a resumed run finds nothing left; with no regression a chain has 0 of its own
+    again = run_fake(suite, out, *files, *chains, "--resume")
+    assert "0 to run" in again.stderr and "under rmm's own resources" not in again.stderr
+    clean = tmp_path / "clean"
+    r = run_fake(suite, clean, "--files", "test_pass.py", *chains)
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = json.loads((clean / "summary.json").read_text())["results"]["fake"]
+    assert set(results) == {"baseline", "pool"} and results["pool"]["own_regressions"] == 0
+
+
 def test_regressions_shared_with_the_rmm_reference_are_marked():
     run = _load_run()
 
@@ -311,6 +382,13 @@ def test_regressions_shared_with_the_rmm_reference_are_marked():
         "ref_rmm_pool+CupyAllocator",
     ]
     assert chains["pool+CupyAllocator"]["own_regressions"] is None
+    # a reference that did not run on the part where a regression is cannot clear it
+    ran_elsewhere = {
+        "sof_deferred": {"regressions": [{"test": "a", "part": "f.py"}], "files_done": 1},
+        "ref_rmm_pool": {"regressions": [], "files_done": 1, "parts_done": ["g.py"]},
+    }
+    run.mark_shared("sof_deferred", ran_elsewhere["sof_deferred"], ran_elsewhere)
+    assert ran_elsewhere["sof_deferred"]["own_regressions"] is None
     assert "(1 not under its rmm reference)" in run.line(
         "sof_stream+CupyAllocator",
         {

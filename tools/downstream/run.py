@@ -33,10 +33,16 @@ the ones still running (they stay unfinished), and the same command with ``--res
 same OUT runs only what is unfinished (after an interrupted run too); ``--cupy-cache DIR``
 keeps CuPy's compiled kernels in DIR, so that a later run does not compile them again.
 
+After the chains, rmm's own resources under the same allocators (the references: CudaAsync
+for the pool and the tracker, rmm's pool for SyncOnFree) run on the files where a chain
+regressed, and the report counts the regressions the reference does not share ("not under its
+rmm reference"); ``--references every-file`` runs them on every file, ``none`` not at all.
+
 ``--chain NAME=SPEC`` (repeatable) replaces the chain table: those chains run on every suite,
-with no CuPy allocator. ``RMM_FENCES_DS_FAKE=1`` in the environment makes the plugin build and
-install nothing; ``tests/downstream/test_downstream_harness.py`` runs a fake suite on a CPU
-that way. CI does not run this harness: it needs a GPU, rmm, cupy and the suites' sources.
+with no CuPy allocator; the ones named ``ref_*`` are references. ``RMM_FENCES_DS_FAKE=1`` in
+the environment makes the plugin build and install nothing;
+``tests/downstream/test_downstream_harness.py`` runs a fake suite on a CPU that way. CI does not
+run this harness: it needs a GPU, rmm, cupy and the suites' sources.
 """
 
 from __future__ import annotations
@@ -67,8 +73,8 @@ CHAINS = {  # name -> rmm_fences.compose spec
     "sof_stream": "sync_on_free(rmm_pool(cuda, initial_pool_size=1GiB), mode=stream)",
     "tracker": "tracking(pool(cuda_async), on_hazard=raise)",
 }
-# rmm's own resources under the same allocators, run only when asked (--chains ref_rmm_pool):
-# a failure a chain shares with its rmm upstream alone is rmm's, not the adaptor's.
+# rmm's own resources under the same allocators (--references): a failure a chain shares with
+# its rmm upstream alone is rmm's, not the adaptor's.
 REFERENCE_CHAINS = {
     "ref_rmm_pool": "rmm_pool(cuda, initial_pool_size=1GiB)",
     "ref_cuda_async": "cuda_async",
@@ -215,6 +221,17 @@ def parse_args(argv):
     )
     p.add_argument("--only-baseline", action="store_true")
     p.add_argument(
+        "--references",
+        choices=("regressed", "every-file", "none"),
+        default="regressed",
+        help=(
+            "rmm's own resources under the chains (ref_cuda_async for the pool and the "
+            "tracker, ref_rmm_pool for SyncOnFree; with --chain, the chains named ref_*): run "
+            "after the chains on the files where a chain regressed (default), on every file, "
+            "or not at all; one named in --chains runs on every file"
+        ),
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="keep the files OUT already holds a finished result for; run the rest",
@@ -258,17 +275,31 @@ def plan(args):
     if specs:
         table = chain_table(specs, cupy_variants=False)
     else:
-        refs = {k: v for k, v in REFERENCE_CHAINS.items() if k in {w.split("+")[0] for w in wanted}}
-        table = chain_table({**CHAINS, **refs})
+        table = chain_table({**CHAINS, **REFERENCE_CHAINS})
     unknown = wanted - set(table) - {n.split("+")[0] for n in table}
     if unknown:
         sys.exit(f"unknown chain(s) {sorted(unknown)}; known: {sorted(table)}")
+
+    def named(c):
+        return bool(wanted & {c, c.split("+")[0]})
+
     chains = [
         c
         for c in table
         if c == "baseline"
-        or (not args.only_baseline and (not wanted or wanted & {c, c.split("+")[0]}))
+        or (not args.only_baseline and not is_reference(c) and (not wanted or named(c)))
     ]
+    # A reference runs on every file when named or asked so; else only where a chain it is the
+    # reference of regressed (its jobs carry those chains: ``if_regressed``).
+    conditional = {}
+    for c in table:
+        if not is_reference(c) or args.only_baseline:
+            continue
+        if named(c) or args.references == "every-file":
+            chains.append(c)
+        elif args.references == "regressed":
+            if of := [x for x in chains if reference_of(x) == c]:
+                conditional[c] = of
     suites, jobs = {}, []
     for item in args.suite:
         name, _, path = item.partition("=")
@@ -293,7 +324,7 @@ def plan(args):
         name: {f for f in s["files"] if word and word.search((Path(s["path"]) / f).read_text())}
         for name, s in suites.items()
     }
-    for chain in chains:  # the table starts with the baseline
+    for chain in [*chains, *conditional]:  # the table starts with the baseline
         where, env = table[chain]
         for name, suite in suites.items():
             if "*" in where or ("cupy" if name == "cupy" else "rmm") in where:
@@ -306,6 +337,8 @@ def plan(args):
                         "env": env,
                         "base": f"{name}/{chain}/{f.removesuffix('.py').replace('/', '__')}",
                     }
+                    if chain in conditional:
+                        job["if_regressed"] = conditional[chain]
                     if f not in marked[name]:
                         jobs.append(job)
                         continue
@@ -328,6 +361,18 @@ def plan(args):
     }
     jobs.sort(key=lambda j: (j["chain"] != "baseline", -size[j["suite"], j["file"]]))
     return suites, jobs
+
+
+def is_reference(chain):
+    """Whether ``chain`` is one of rmm's own resources run as a reference (named ``ref_*``)."""
+    return chain.split("+")[0].startswith("ref_")
+
+
+def reference_of(chain):
+    """The reference chain of ``chain`` (its rmm upstream alone, same CuPy allocator), or None."""
+    name, plus, how = chain.partition("+")
+    ref = REFERENCE_OF.get(name)
+    return f"{ref}{plus}{how}" if ref else None
 
 
 _running: set = set()  # the pytest processes running now
@@ -496,18 +541,19 @@ def run_all(args):
     for name, suite in suites.items():
         for pattern in suite["missing"]:
             print(f"{name}: no file matches {pattern} (skipped)")
-    todo = jobs
+    todo = [j for j in jobs if not j.get("if_regressed")]  # references where needed: later
     if args.resume and (out / "run.json").is_file():
         # The jobs of the earlier calls stay in the report; those finished are not run again.
         earlier = json.loads((out / "run.json").read_text())
         known = {j["base"] for j in jobs}
         jobs = jobs + [j for j in earlier.get("jobs", []) if j["base"] not in known]
         suites = {**earlier.get("suites", {}), **suites}
-        todo = [j for j in todo if not Path(f"{out / j['base']}.meta.json").is_file()]
+        left = [j for j in todo if not Path(f"{out / j['base']}.meta.json").is_file()]
         print(
-            f"--resume: {len(jobs) - len(todo)} file(s) already done, {len(todo)} to run",
+            f"--resume: {len(todo) - len(left)} file(s) already done, {len(left)} to run",
             file=sys.stderr,
         )
+        todo = left
     run = {
         "argv": sys.argv,
         "started": _now(),
@@ -524,6 +570,10 @@ def run_all(args):
         ("retry", 1),  # then, one at a time, the files that ran short of memory
         ([j for j in todo if j.get("serial")], args.serial_jobs),  # then the serial marks
         ("retry", 1),  # and those of them that ran short of memory
+        # then rmm's reference resources where a chain regressed (--references regressed)
+        ("references", args.jobs),
+        ("serial references", args.serial_jobs),
+        ("retry", 1),
     ]
     done = 0
     try:
@@ -536,6 +586,22 @@ def run_all(args):
                     print(f"{len(phase)} file(s) again, alone", file=sys.stderr, flush=True)
                 todo = todo + phase
                 runner = run_alone
+            elif isinstance(phase, str):  # the references' phases
+                finished_parts, waiting, _ = finished(out, jobs)
+                serial = phase == "serial references"
+                phase = [
+                    j
+                    for j in due_references(finished_parts, waiting)
+                    if bool(j.get("serial")) == serial
+                ]
+                if phase:
+                    print(
+                        f"{len(phase)} file(s) under rmm's own resources, where a chain regressed",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                todo = todo + phase
+                runner = run_job
             else:
                 runner = run_job
             pool = cf.ThreadPoolExecutor(max_workers=max(1, width))
@@ -769,6 +835,7 @@ def compare(chain, base, files):
                 b = ran.get(test, {"outcome": "absent", "message": ""})
                 row = {
                     "test": test,
+                    "part": file,
                     "baseline": b["outcome"],
                     "outcome": c["outcome"],
                     "message": c["message"] or b["message"],
@@ -794,18 +861,63 @@ def compare(chain, base, files):
 
 def mark_shared(chain, entry, chains):
     """Marks each regression that the chain's rmm reference (its upstream alone, same
-    allocator) has too, and counts the others (``own_regressions``; None: no reference ran)."""
-    name, plus, how = chain.partition("+")
-    ref = REFERENCE_OF.get(name)
-    ref_entry = chains.get(f"{ref}{plus}{how}") if ref else None
+    allocator) has too, and counts the others (``own_regressions``; None: the reference did not
+    run, or not on every part where the chain regressed)."""
+    ref = reference_of(chain)
+    ref_entry = chains.get(ref) if ref else None
+    if ref and not entry["regressions"]:
+        entry["own_regressions"] = 0  # nothing to check (a reference may run only where needed)
+        return
     if ref_entry is None or not ref_entry.get("files_done"):
         entry["own_regressions"] = None
         return
     theirs = {r["test"] for r in ref_entry["regressions"]}
     for r in entry["regressions"]:
         if r["test"] in theirs:
-            r["shared_with"] = f"{ref}{plus}{how}"
-    entry["own_regressions"] = sum("shared_with" not in r for r in entry["regressions"])
+            r["shared_with"] = ref
+    ran = ref_entry.get("parts_done")  # None: a summary of an older harness, every file
+    unchecked = ran is not None and any(r.get("part") not in ran for r in entry["regressions"])
+    entry["own_regressions"] = (
+        None if unchecked else sum("shared_with" not in r for r in entry["regressions"])
+    )
+
+
+def _part(job):
+    return job.get("part", job["file"])  # run.json of an older harness: no parts
+
+
+def finished(out, jobs):
+    """What OUT holds for ``jobs``: (suite, chain) -> {part: evaluation}; the conditional
+    references' jobs (``if_regressed``) not run; each finished job's meta by its base."""
+    done, waiting, metas = {}, [], {}
+    for job in jobs:
+        try:
+            meta = json.loads(Path(f"{out / job['base']}.meta.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            waiting += [job] if job.get("if_regressed") else []
+            continue
+        metas[job["base"]] = meta
+        done.setdefault((job["suite"], job["chain"]), {})[_part(job)] = evaluate(out, meta)
+    return done, waiting, metas
+
+
+def regressed(done, suite, chain, part):
+    """Whether ``chain`` has a regression in the finished ``part`` of ``suite``."""
+    files = done.get((suite, chain), {})
+    if part not in files:
+        return False
+    base = done.get((suite, "baseline"), {})
+    return bool(compare(chain, base, {part: files[part]})["regressions"])
+
+
+def due_references(done, jobs):
+    """The references' jobs among ``jobs`` that are due: a chain they are the reference of
+    (``if_regressed``) regressed in their part."""
+    return [
+        j
+        for j in jobs
+        if any(regressed(done, j["suite"], c, _part(j)) for c in j.get("if_regressed", ()))
+    ]
 
 
 def report(out):
@@ -815,26 +927,26 @@ def report(out):
         run = json.loads((out / "run.json").read_text())
     except (OSError, json.JSONDecodeError):
         sys.exit(f"{out}/run.json missing or unreadable: not an output folder of this harness")
-    done, pending, envs = {}, {}, {}  # (suite, chain) -> {file: evaluation}, [file], env
-    alone = {}  # (suite, chain) -> [file run again alone after an out-of-memory error]
+    done, waiting, metas = finished(out, run["jobs"])
+    pending, envs = {}, {}  # (suite, chain) -> [part], env
+    alone = {}  # (suite, chain) -> [part run again alone after an out-of-memory error]
+    due = {j["base"] for j in due_references(done, waiting)}
     for job in run["jobs"]:
-        key = (job["suite"], job["chain"])
-        part = job.get("part", job["file"])  # run.json of an older harness: no parts
-        envs.setdefault(key, job["env"])
-        try:
-            meta = json.loads(Path(f"{out / job['base']}.meta.json").read_text())
-        except (OSError, json.JSONDecodeError):
+        key, part = (job["suite"], job["chain"]), _part(job)
+        if job["base"] in metas:
+            envs.setdefault(key, job["env"])
+            if metas[job["base"]].get("retried_alone"):
+                alone.setdefault(key, []).append(part)
+        elif not job.get("if_regressed") or job["base"] in due:
+            envs.setdefault(key, job["env"])
             pending.setdefault(key, []).append(part)
-            continue
-        done.setdefault(key, {})[part] = evaluate(out, meta)
-        if meta.get("retried_alone"):
-            alone.setdefault(key, []).append(part)
     results, failing = {}, False
     for suite, chain in envs:
         entry = compare(chain, done.get((suite, "baseline"), {}), done.get((suite, chain), {}))
         entry.update(
             env=envs[suite, chain],
             files_done=len(done.get((suite, chain), {})),
+            parts_done=sorted(done.get((suite, chain), {})),
             files_pending=pending.get((suite, chain), []),
             files_run_alone=alone.get((suite, chain), []),
         )
