@@ -25,11 +25,13 @@ an interrupted run's FILE, leaving out the cases it holds); the chains of one pa
 each other, so that they see the same state of the machine. ``run native`` measures
 ``AllocFree`` (the native pair: the median of three loops; the Python pair: the median of
 three timed calls), ``DeferredFence``, ``TrackingOverhead``, ``FenceCalls`` (on a created
-stream, as the pairs), ``PageCalls`` (what moving a page of ``vmm_pool`` costs) and
-``CubTempStoragePlanLoop``'s ratio to the preallocated call; its
-table adds where the rmm_fences pool's pair goes: the two stream lookups' CUDA calls
-(``cuStreamIsCapturing`` and ``cuStreamGetId``, once for the allocation and once for the free)
-and the rest (the pool's own work: its cache, lock and lists). The first line of every run is
+stream, as the pairs), ``PageCalls`` (what moving a page of ``vmm_pool`` costs),
+``CorePairs`` (the policy cores' pair alone, over a platform without CUDA calls) and
+``CubTempStoragePlanLoop``'s ratio to the preallocated call; its table adds where the pair of
+the rmm_fences pool and of deferred SyncOnFree goes (``FLOOR_CHAINS``): the stream lookups'
+CUDA calls (the pool: ``cuStreamIsCapturing`` and ``cuStreamGetId`` in the allocation and in
+the free), the fence records, the core alone (its cache, locks and lists) and the rest (rmm's
+dispatch, the upstream). The first line of every run is
 ``{"environment": ...}``: the commit, GPU, driver and package versions it ran on, which
 tools/asv_report.py prints above the tables it renders from the file.
 """
@@ -209,6 +211,10 @@ def run_native(out):
 
     _run_body(A.FenceCalls(), ("cu_stream_get_id",), {"bench": "FenceCalls"}, out, calls)
     _run_body(A.PageCalls(), ("map",), {"bench": "PageCalls"}, out, pages)
+    for core in A.CorePairs.params[0]:
+        for nbytes in A.SIZES:
+            row = {"bench": "CorePairs", "core": core, "nbytes": nbytes}
+            _run_body(A.CorePairs(), (core, nbytes), row, out, lambda b, c, n: b.measure(c, n))
     for chain in CHAINS:
         for n in Rd.SIZES:
             row = {"bench": "CubTempStoragePlanLoop", "chain": chain, "n": n}
@@ -379,18 +385,7 @@ def table_native(path, part=None):
         ["| CUDA call | ns |", "|---|---:|"]
         + [f"| `{k}` | {number(v)} |" for k, v in calls.items() if v]
     )
-    floor = [
-        "| block | pair ns | stream lookups' CUDA calls ns | the rest ns |",
-        "|---|---:|---:|---:|",
-    ]
-    lookup = 2 * (calls.get("cu_stream_is_capturing", 0) + calls.get("cu_stream_get_id", 0))
-    for r in pairs:
-        if r["chain"] == "rmm_fences_pool" and lookup:
-            floor.append(
-                f"| {size_label(r['nbytes'])} | {number(r['native_ns'])} | {number(lookup)} "
-                f"| {number(r['native_ns'] - lookup)} |"
-            )
-    parts["floor"] = "\n".join(floor)
+    parts["floor"] = _floor(pairs, calls, by.get("CorePairs", []))
     page = next((r["ns"] for r in by.get("PageCalls", [])), {})
     lines = ["| driver call | ns |", "|---|---:|"]
     if page.get("page"):
@@ -409,6 +404,49 @@ def table_native(path, part=None):
     if part is not None:
         return parts[part]
     return "\n\n".join(parts[p] for p in NATIVE_PARTS)
+
+
+#: Per chain of the floor table: its policy core, and the CUDA calls of its two stream lookups
+#: (one in allocate, one in deallocate) as (call, count) pairs of ``fence_call_ns``'s fields.
+FLOOR_CHAINS = {
+    # the pool: cuStreamIsCapturing then cuStreamGetId, in each call
+    "rmm_fences_pool": ("pool", (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 2))),
+    # deferred SyncOnFree: the allocation's take-back asks the capture state and the identity
+    # (in a relaxed capture-mode scope), the free the capture state
+    "sync_on_free_deferred": (
+        "sync_on_free",
+        (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 1), ("relaxed_capture_scope", 1)),
+    ),
+}
+
+
+def _floor(pairs, calls, cores):
+    """Where a pair's time goes, per chain of ``FLOOR_CHAINS`` and size: its stream lookups'
+    CUDA calls, its fence records (the core's fences per pair at ``cu_event_record``), the
+    policy core alone (``CorePairs``), and the rest (rmm's dispatch, the upstream)."""
+    core = {(r["core"], r["nbytes"]): r for r in cores if "ns" in r}
+    lines = [
+        "| chain | block | pair ns | stream lookups' CUDA calls ns | fence records ns "
+        "| the core alone ns | the rest ns |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in pairs:
+        if r["chain"] not in FLOOR_CHAINS or not calls:
+            continue
+        name, lookups = FLOOR_CHAINS[r["chain"]]
+        lookup = sum(calls.get(k, 0) * n for k, n in lookups)
+        c = core.get((name, r["nbytes"]))
+        records = c["fences_per_pair"] * calls.get("cu_event_record", 0) if c else 0
+        alone = c["ns"] if c else 0
+        cells = [
+            number(r["native_ns"]),
+            number(lookup),
+            number(records) if c else "-",
+            number(alone) if c else "-",
+            number(r["native_ns"] - lookup - records - alone),
+        ]
+        lines.append(f"| `{r['chain']}` | {size_label(r['nbytes'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _rows(path):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """allocate + deallocate per chain: from Python (time_) and in the native C++ loop (track_);
 what a deferred SyncOnFree and a HazardTrackingResourceAdaptor add to their upstream's pair; the
-CUDA calls of a deferred free."""
+CUDA calls of a deferred free; the policy cores' own share of a pair."""
 
 from ._common import CHAINS, make, require_gpu, streams
 
@@ -172,3 +172,30 @@ class PageCalls:
         return page_call_ns()[call]
 
     track_call_ns.unit = "ns"
+
+
+class CorePairs:
+    """Host ns of one allocate + deallocate pair on one stream in a policy core alone (the
+    pool's, deferred SyncOnFree's) over a platform that makes no CUDA call
+    (rmm_fences_bench.core_pair_ns, median of three loops of a million pairs): what a chain's
+    pair costs beyond its CUDA calls and rmm's dispatch. Needs no GPU."""
+
+    params = [["pool", "sync_on_free"], SIZES]
+    param_names = ["core", "nbytes"]
+
+    def measure(self, core, nbytes):
+        """``ns`` (the median of three loops) and ``fences_per_pair`` (fences recorded)."""
+        import statistics
+
+        from rmm_fences_bench import core_pair_ns
+
+        runs = [core_pair_ns(core, nbytes) for _ in range(3)]
+        return {
+            "ns": statistics.median(r["ns"] for r in runs),
+            "fences_per_pair": runs[-1]["fences"] / 1_000_000,
+        }
+
+    def track_core_pair_ns(self, core, nbytes):
+        return self.measure(core, nbytes)["ns"]
+
+    track_core_pair_ns.unit = "ns"

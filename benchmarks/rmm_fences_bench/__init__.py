@@ -20,6 +20,7 @@ from rmm_fences._cli.reduce import cub_temp_loop, cub_temp_loop_us, event_time_u
 from rmm_fences_bench._loops import (
     FootprintMeter,
     alloc_free_ns,
+    core_pair_ns,
     fence_call_ns,
     footprint_layer,
     page_call_ns,
@@ -36,6 +37,7 @@ __all__ = [
     "FootprintMeter",
     "Trace",
     "alloc_free_ns",
+    "core_pair_ns",
     "cub_temp_loop",
     "cub_temp_loop_us",
     "event_time_us",

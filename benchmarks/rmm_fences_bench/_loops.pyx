@@ -10,6 +10,7 @@ from libc.stddef cimport size_t
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libcpp cimport bool as cpp_bool
 from libcpp.memory cimport unique_ptr
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 from cuda.bindings.cyruntime cimport cudaMemPool_t, cudaStream_t
 
@@ -40,6 +41,16 @@ cdef extern from "cuda.h" nogil:
 cdef extern from "rmm/mr/cuda_async_memory_resource.hpp" nogil:
     cdef cppclass cuda_async_pool_owner "rmm::mr::cuda_async_memory_resource":
         cudaMemPool_t pool_handle() noexcept
+
+
+cdef extern from "rmm_fences_bench/_cores.hpp" namespace "rmm_fences::bench" nogil:
+    cdef struct core_pair_result:
+        double ns
+        uint64_t fences
+        uint64_t upstream_calls
+
+    core_pair_result c_core_pair_ns "rmm_fences::bench::core_pair_ns"(
+        const string& which, size_t nbytes, uint64_t iterations) except +
 
 
 cdef extern from "rmm_fences_bench/_loops.hpp" namespace "rmm_fences::bench" nogil:
@@ -167,6 +178,26 @@ def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
     with nogil:
         c = c_fence_call_ns(c_stream, iterations)
     return c  # the struct's fields, by name
+
+
+def core_pair_ns(str core, nbytes, size_t iterations=1000000) -> dict:
+    """Mean host nanoseconds of one allocate + deallocate pair of ``nbytes`` on one stream in a
+    policy core alone: ``core`` ``"pool"`` (the stream-ordered pool's) or ``"sync_on_free"``
+    (SyncOnFree's, deferred mode, default batch limits), over a platform that makes no CUDA
+    call and an upstream of host memory. Needs no GPU.
+
+    What a resource's pair costs beyond it is its CUDA calls (stream lookups, fence records)
+    and rmm's dispatch. Returns a dict with ``ns``, ``fences`` (fences recorded during the
+    timed pairs) and ``upstream_calls`` (the upstream's allocations and frees during them).
+    """
+    if iterations == 0:
+        raise ValueError("iterations must be positive, got 0")
+    cdef size_t c_nbytes = parse_bytes(nbytes, "nbytes")
+    cdef string c_core = core.encode()
+    cdef core_pair_result r
+    with nogil:
+        r = c_core_pair_ns(c_core, c_nbytes, iterations)
+    return r  # the struct's fields, by name
 
 
 def page_call_ns(size_t pages=64, size_t rounds=10, int device=-1) -> dict:

@@ -208,7 +208,14 @@ def test_native_tables_give_ratios_and_where_the_pool_pair_goes(tmp_path):
         {"bench": "TrackingOverhead", "upstream": "rmm_fences_pool", "native_ratio": 1.5,
          "python_ratio": 1.2},
         {"bench": "FenceCalls", "ns": {"cu_stream_is_capturing": 10.0, "cu_stream_get_id": 15.0,
-                                       "cu_event_record": 0}},
+                                       "relaxed_capture_scope": 5.0, "cu_event_record": 40.0,
+                                       "event_query": 0}},
+        {"bench": "AllocFree", "chain": "sync_on_free_deferred", "nbytes": 64 << 20,
+         "native_ns": 150.0, "python_us": 1.5},
+        {"bench": "CorePairs", "core": "pool", "nbytes": 1 << 20, "ns": 20.0,
+         "fences_per_pair": 0.0},
+        {"bench": "CorePairs", "core": "sync_on_free", "nbytes": 64 << 20, "ns": 60.0,
+         "fences_per_pair": 1.0},
         {"bench": "CubTempStoragePlanLoop", "chain": "rmm_fences_pool", "n": 1 << 20,
          "ratio": 1.04},
         {"bench": "PageCalls", "ns": {"page": 2097152.0, "create": 3000.0, "map": 2000.0,
@@ -226,8 +233,12 @@ def test_native_tables_give_ratios_and_where_the_pool_pair_goes(tmp_path):
     assert "| `rmm_pool` | 250.0 | - | - |" in over
     assert "| `rmm_fences_pool` | - | 1.50x | 1.20x |" in over
     calls = bodies.table_native(path, "calls")
-    assert "| `cu_stream_get_id` | 15.0 |" in calls and "cu_event_record" not in calls
-    assert "| 1 MiB | 100.0 | 50.0 | 50.0 |" in bodies.table_native(path, "floor")
+    assert "| `cu_stream_get_id` | 15.0 |" in calls and "event_query" not in calls
+    floor = bodies.table_native(path, "floor")
+    # 100 ns = 2 x (10 + 15) of lookups + 20 of the core alone + 30 of the rest
+    assert "| `rmm_fences_pool` | 1 MiB | 100.0 | 50.0 | 0.00 | 20.0 | 30.0 |" in floor
+    # SyncOnFree: 2 x 10 + 15 + 5 of lookups, one record (40) per pair, 60 alone, 10 the rest
+    assert "| `sync_on_free_deferred` | 64 MiB | 150.0 | 40.0 | 40.0 | 60.0 | 10.0 |" in floor
     assert "| `rmm_fences_pool` | 1.040x |" in bodies.table_native(path, "plan")
     pages = bodies.table_native(path, "pages")
     assert "| `cuMemUnmap` | 8000.0 |" in pages
@@ -249,11 +260,12 @@ def test_run_native_runs_every_case_of_its_bodies(capsys):
     assert bodies.main(["run", "native"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert "environment" in rows[0]
-    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 + 5 + 1 + 1 + 7 * 4
+    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 + 5 + 1 + 1 + 2 * 3 + 7 * 4
     assert {name for name, _ in cases} == {
         "AllocFree", "DeferredFence", "TrackingOverhead", "FenceCalls", "PageCalls",
-        "CubTempStoragePlanLoop",
+        "CorePairs", "CubTempStoragePlanLoop",
     }  # fmt: skip
+    assert ("CorePairs", ("sync_on_free", 64 << 20)) in cases
     assert ("AllocFree", ("rmm_fences_pool", 1 << 20)) in cases
     assert ("CubTempStoragePlanLoop", ("rmm_fences_pool", 1 << 20)) in cases
 
