@@ -24,9 +24,9 @@ namespace rmm_fences::bench {
 
 /// What `core_pair_ns` measured.
 struct core_pair_result {
-  double ns{};                    ///< mean nanoseconds of one pair
-  std::uint64_t fences{};         ///< fences recorded during the timed pairs
-  std::uint64_t upstream_calls{}; ///< upstream allocations and frees during the timed pairs
+  double ns{};                     ///< mean nanoseconds of one pair
+  std::uint64_t fences{};          ///< fences recorded during the timed pairs
+  std::uint64_t upstream_calls{};  ///< upstream allocations and frees during the timed pairs
 };
 
 namespace cores {

@@ -103,10 +103,21 @@ class ring_deque {
     ++size_;
   }
 
+  /**
+   * @brief Appends an element and returns it for the caller to assign every field: it holds
+   * what the slot's last occupant left. Cheaper than `push_back` of a value built aside, whose
+   * copy in waits on the stores that built it. Throws as `push_back`.
+   */
+  T& push_back_slot()
+  {
+    reserve_one();
+    return at(size_++);
+  }
+
   /// Removes the front element (the deque must not be empty).
   void pop_front() noexcept
   {
-    at(0) = T{};
+    vacate(at(0));
     head_ = (head_ + 1) & (slots_.size() - 1);
     --size_;
   }
@@ -124,7 +135,7 @@ class ring_deque {
       for (auto k = i; k + 1 < size_; ++k) {
         at(k) = std::move(at(k + 1));
       }
-      at(size_ - 1) = T{};
+      vacate(at(size_ - 1));
       --size_;
     }
     return {this, i};
@@ -167,6 +178,13 @@ class ring_deque {
   }
 
  private:
+  /// A slot left: what its element holds is released (a trivially destructible element holds
+  /// nothing, and is left as it is: rebuilding it would cost a hot path a stalled copy).
+  static void vacate(T& slot) noexcept
+  {
+    if constexpr (!std::is_trivially_destructible_v<T>) { slot = T{}; }
+  }
+
   void reserve_one()
   {
     if (size_ < slots_.size()) { return; }

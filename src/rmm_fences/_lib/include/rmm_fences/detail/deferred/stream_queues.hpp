@@ -97,9 +97,15 @@ class stream_queues {
   /// Appends an unfenced entry (batched, or `parked`) freed on `stream`; returns its queue.
   queue_type& append(stream_key stream, std::uint64_t stream_id, deferred_block block, bool parked)
   {
-    auto& q = queue_of(stream);
-    q.entries.push_back(
-      entry_type{block, std::nullopt, next_seq_, stream, stream_id, no_slot, parked});
+    auto& q     = queue_of(stream);
+    auto& e     = q.entries.push_back_slot();  // every field assigned: the hot path of a free
+    e.block     = block;
+    e.fence     = std::nullopt;
+    e.seq       = next_seq_;
+    e.key       = stream;
+    e.stream_id = stream_id;
+    e.slot      = no_slot;
+    e.parked    = parked;
     ++next_seq_;
     if (parked) {
       note_parked(q, stream_id);
