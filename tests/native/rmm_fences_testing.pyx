@@ -469,6 +469,7 @@ cdef extern from "rmm_fences/detail/pointer_map.hpp" namespace "rmm_fences::mr::
         size_t find_index(uintptr_t)
         V* find(uintptr_t)
         void insert_or_assign(uintptr_t, V) except +
+        V& find_or_insert(uintptr_t) except +
         V take(uintptr_t)
 
 
@@ -491,6 +492,15 @@ cdef class HostPointerMap:
     def find_index(self, uintptr_t key):
         cdef size_t i = deref(self.c_obj).find_index(key)
         return None if i == <size_t>-1 else i
+
+    def find_or_insert(self, uintptr_t key, uint64_t value) -> int:
+        """The value of ``key``; when absent, ``key`` is inserted, its value (0, as every empty
+        slot's) is returned and then set to ``value``, as a caller filling it in place would."""
+        cdef uint64_t* slot = &deref(self.c_obj).find_or_insert(key)
+        cdef uint64_t found = slot[0]
+        if found == 0:
+            slot[0] = value
+        return found
 
     def take(self, uintptr_t key) -> int:
         return deref(self.c_obj).take(key)

@@ -154,3 +154,19 @@ def test_cupy_allocator_asks_no_resource_for_0_bytes():
     del mems
     gc.collect()
     assert up.allocation_counts == before
+
+
+def test_pointer_map_fills_an_inserted_slot_in_place_and_never_a_present_one():
+    """find_or_insert (the tracker's ledger fills a new record in place): an absent key gets a
+    slot holding the empty value, also a slot emptied by a take or moved by a rehash; a present
+    key gets its own value back; key 0 is refused."""
+    m = HostPointerMap(4)  # 8 slots: the inserts below rehash twice
+    keys = [(i + 1) << 20 for i in range(12)]
+    assert [m.find_or_insert(k, i + 1) for i, k in enumerate(keys)] == [0] * 12
+    assert [m.find(k) for k in keys] == list(range(1, 13)) and len(m) == 12
+    assert m.find_or_insert(keys[3], 99) == 4 and m.find(keys[3]) == 4  # present: unchanged
+    assert m.take(keys[3]) == 4
+    assert m.find_or_insert(keys[3], 5) == 0 and m.find(keys[3]) == 5  # its slot was emptied
+    with pytest.raises(ValueError, match="key 0"):
+        m.find_or_insert(0, 1)
+    assert len(m) == 12

@@ -331,8 +331,8 @@ class hazard_tracker_core {
   [[gnu::always_inline]] void add_record_locked(call_site const& c)
   {
     auto const key = c.key();
-    live_block record{c.bytes, Platform::key(c.stream), {}, c.stack, serial_ + 1, nullptr};
     if (auto* const existing = ledger_.find(key); existing != nullptr) {
+      live_block record{c.bytes, Platform::key(c.stream), {}, c.stack, serial_ + 1, nullptr};
       hazard_record hazard{.kind             = hazard_kind::allocated_while_live,
                            .ptr              = key,
                            .size             = c.bytes,
@@ -345,7 +345,11 @@ class hazard_tracker_core {
       log_.note(std::move(hazard), c.notices);
       ledger_.shadow(*existing, std::move(record), std::move(earlier));  // no throw from here on
     } else {
-      ledger_.insert(key, std::move(record));
+      auto& record  = ledger_.insert(key);  // may throw: nothing changed
+      record.size   = c.bytes;
+      record.stream = Platform::key(c.stream);
+      record.stack  = c.stack;
+      record.serial = serial_ + 1;
       platform_.annotate_allocation(c.ptr, c.bytes);
     }
     ++serial_;
@@ -382,7 +386,7 @@ class hazard_tracker_core {
     ledger_.remember_freed(key, c.bytes);
     stats_.deallocations += 1;
     stats_.allocated_bytes -= c.bytes;
-    if (ledger_.remove(key, match)) { platform_.annotate_free(c.ptr); }
+    if (ledger_.remove(match)) { platform_.annotate_free(c.ptr); }
     return {false, true};
   }
 

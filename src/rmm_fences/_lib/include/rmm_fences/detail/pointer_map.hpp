@@ -75,6 +75,26 @@ class pointer_map {
     }
   }
 
+  /**
+   * @brief The value of `key`, inserted as `Value{}` when absent (every empty slot holds
+   * `Value{}`), for the caller to fill in place. May grow the table; key 0 throws as
+   * `insert_or_assign` does.
+   */
+  Value& find_or_insert(std::uintptr_t key)
+  {
+    if (key == 0) [[unlikely]] { throw_zero_key(); }
+    if (2 * (size_ + 1) > slots_.size()) { rehash(2 * slots_.size()); }
+    for (auto i = home(key);; i = next(i)) {
+      auto& s = slots_[i];
+      if (s.key == key) { return s.value; }
+      if (s.key == 0) {
+        s.key = key;
+        ++size_;
+        return s.value;
+      }
+    }
+  }
+
   /// Removes `key`'s entry and returns its value (a default value when `key` is absent or 0).
   Value take(std::uintptr_t key) noexcept
   {

@@ -63,9 +63,10 @@ class allocation_ledger {
   /// The newest record of the live address `ptr`, or nullptr.
   [[nodiscard]] live_block* find(std::uintptr_t ptr) noexcept { return blocks_.find(ptr); }
 
-  /// Records a block at an address that is not live. May throw (nothing changed).
-  void insert(std::uintptr_t ptr, live_block&& record)
-  { blocks_.insert_or_assign(ptr, std::move(record)); }
+  /// The record, empty, of a block at an address that is not live, for the caller to fill in
+  /// place (a record built aside and moved in costs the hot path a stalled copy). May throw
+  /// (nothing changed).
+  [[nodiscard]] live_block& insert(std::uintptr_t ptr) { return blocks_.find_or_insert(ptr); }
 
   /// Makes `record` the newest record of the live address whose head is `head`; the head moves
   /// into `earlier`, allocated by the caller so that nothing here throws.
@@ -83,6 +84,7 @@ class allocation_ledger {
     live_block* head{};    ///< the newest record of the address; nullptr when it is not live
     live_block* parent{};  ///< the record in front of `block`; nullptr when `block` is the head
     live_block* block{};   ///< the record of the freed size; nullptr unless `ok`
+    std::size_t slot{};    ///< where the address's records sit in the table (for `remove`)
   };
 
   /**
@@ -92,8 +94,10 @@ class allocation_ledger {
    */
   [[nodiscard]] free_match match_free(std::uintptr_t ptr, std::size_t bytes) noexcept
   {
-    free_match m{{free_check::unknown, 0}, blocks_.find(ptr)};
-    if (m.head == nullptr) { return m; }
+    free_match m{{free_check::unknown, 0}};
+    m.slot = blocks_.find_index(ptr);
+    if (m.slot == decltype(blocks_)::npos) { return m; }
+    m.head = &blocks_.value_at(m.slot);
     for (m.block = m.head; m.block != nullptr && m.block->size != bytes;
          m.block = m.block->earlier.get()) {
       m.parent = m.block;
@@ -103,9 +107,9 @@ class allocation_ledger {
     return m;
   }
 
-  /// Removes the record an `ok` match of the address `ptr` found; true when the address is no
-  /// longer live.
-  bool remove(std::uintptr_t ptr, free_match const& m) noexcept
+  /// Removes the record an `ok` match found (the table unchanged since); true when the address
+  /// is no longer live.
+  bool remove(free_match const& m) noexcept
   {
     if (m.parent != nullptr) {
       m.parent->earlier = std::move(m.block->earlier);
@@ -119,7 +123,7 @@ class allocation_ledger {
       shadowed_ -= 1;
       return false;
     }
-    (void)blocks_.take(ptr);
+    blocks_.erase_at(m.slot);
     return true;
   }
 
