@@ -26,12 +26,12 @@ each other, so that they see the same state of the machine. ``run native`` measu
 ``AllocFree`` (the native pair: the median of three loops; the Python pair: the median of
 three timed calls), ``DeferredFence``, ``TrackingOverhead``, ``FenceCalls`` (on a created
 stream, as the pairs), ``PageCalls`` (what moving a page of ``vmm_pool`` costs),
-``CorePairs`` (the policy cores' pair alone, over a platform without CUDA calls) and
+``CorePairs`` (the policy cores' pair alone, over platforms without CUDA calls) and
 ``CubTempStoragePlanLoop``'s ratio to the preallocated call; its table adds where the pair of
-the rmm_fences pool and of deferred SyncOnFree goes (``FLOOR_CHAINS``): the stream lookups'
-CUDA calls (the pool: ``cuStreamIsCapturing`` and ``cuStreamGetId`` in the allocation and in
-the free), the fence records, the core alone (its cache, locks and lists) and the rest (rmm's
-dispatch, the upstream). The first line of every run is
+the rmm_fences pool, of the tracker over it and of deferred SyncOnFree goes
+(``FLOOR_CHAINS``): the stream lookups' CUDA calls (the pool: ``cuStreamIsCapturing`` and
+``cuStreamGetId`` in the allocation and in the free), the fence records, the core alone (its
+cache, locks and lists) and the rest (rmm's dispatch, the upstream). The first line of every run is
 ``{"environment": ...}``: the commit, GPU, driver and package versions it ran on, which
 tools/asv_report.py prints above the tables it renders from the file.
 """
@@ -417,6 +417,9 @@ FLOOR_CHAINS = {
         "sync_on_free",
         (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 1), ("relaxed_capture_scope", 1)),
     ),
+    # the tracker over the pool: the pool's lookups (a same-stream free over a stream-ordered
+    # upstream makes no CUDA call of the tracker's)
+    "tracking_pool": ("tracking_pool", (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 2))),
 }
 
 

@@ -176,11 +176,12 @@ class PageCalls:
 
 class CorePairs:
     """Host ns of one allocate + deallocate pair on one stream in a policy core alone (the
-    pool's, deferred SyncOnFree's) over a platform that makes no CUDA call
+    pool's, deferred SyncOnFree's, the tracker's over the pool's) over platforms that make no
+    CUDA call
     (rmm_fences_bench.core_pair_ns, median of three loops of a million pairs): what a chain's
     pair costs beyond its CUDA calls and rmm's dispatch. Needs no GPU."""
 
-    params = [["pool", "sync_on_free"], SIZES]
+    params = [["pool", "sync_on_free", "tracking_pool"], SIZES]
     param_names = ["core", "nbytes"]
 
     def measure(self, core, nbytes):

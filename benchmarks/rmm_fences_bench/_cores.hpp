@@ -8,6 +8,7 @@
 // handle, no stream is ever captured, every fence is complete at once) and an upstream of host
 // memory. Benchmark code (the _loops extension), never installed.
 
+#include <rmm_fences/detail/hazard_tracker_core.hpp>
 #include <rmm_fences/detail/stream_ordered_pool_core.hpp>
 #include <rmm_fences/detail/sync_on_free_core.hpp>
 
@@ -72,6 +73,31 @@ struct null_platform {
   std::uint64_t records{};
 };
 
+/// The tracker's platform: no CUDA call, every fence complete at once; counts records.
+struct null_tracker_platform {
+  using stream_type = std::uint64_t;
+  using fence_type  = std::size_t;
+  enum class fence_state { complete, pending, failed };
+
+  static std::uintptr_t key(stream_type s) noexcept { return s; }
+  static std::optional<stream_type> stream(std::uintptr_t key) noexcept { return key; }
+  fence_type acquire_fence() noexcept { return ++fences_made; }
+  static void release_fence(fence_type) noexcept {}
+  bool record(fence_type, stream_type) noexcept
+  {
+    ++records;
+    return true;
+  }
+  static fence_state query(fence_type) noexcept { return fence_state::complete; }
+  static bool device_wait(stream_type, fence_type) noexcept { return true; }
+  static bool is_capturing(stream_type) noexcept { return false; }
+  static void annotate_allocation(void*, std::size_t) noexcept {}
+  static void annotate_free(void*) noexcept {}
+
+  std::size_t fences_made{};
+  std::uint64_t records{};
+};
+
 /// Host memory at 256-byte alignment; counts its calls (shared by copies: the cores hold one).
 struct host_upstream {
   std::uint64_t* calls;
@@ -88,6 +114,18 @@ struct host_upstream {
     ++*calls;
     std::free(p);
   }
+};
+
+using pool_core = rmm_fences::mr::detail::stream_ordered_pool_core<null_platform, host_upstream>;
+
+/// The pool's core as an upstream (the tracker over the pool).
+struct pool_core_upstream {
+  pool_core* core;
+
+  void* allocate(std::uint64_t stream, std::size_t bytes, std::size_t alignment)
+  { return core->allocate(stream, bytes, alignment); }
+  void deallocate(std::uint64_t stream, void* p, std::size_t bytes, std::size_t alignment) noexcept
+  { core->deallocate(stream, p, bytes, alignment); }
 };
 
 template <typename Core>
@@ -118,9 +156,10 @@ core_pair_result time_pairs(Core& core,
 /**
  * @brief Mean host nanoseconds of one allocate + deallocate pair of `bytes` on one stream in
  * the policy core `which` ("pool": the stream-ordered pool's; "sync_on_free": SyncOnFree's in
- * deferred mode, with its defaults), over a platform that makes no CUDA call and an upstream
- * of host memory: the pair's cost without its CUDA calls or rmm's dispatch. Also the fences
- * recorded and the upstream calls made during the timed pairs.
+ * deferred mode, with its defaults; "tracking_pool": the hazard tracker's over the pool's),
+ * over platforms that make no CUDA call and an upstream of host memory: the pair's cost
+ * without its CUDA calls or rmm's dispatch. Also the fences recorded and the upstream calls
+ * made during the timed pairs (the tracker's own records: none on a same-stream pair).
  */
 inline core_pair_result core_pair_ns(std::string const& which,
                                      std::size_t bytes,
@@ -131,17 +170,25 @@ inline core_pair_result core_pair_ns(std::string const& which,
   cores::host_upstream upstream{&upstream_calls};
   core_pair_result r;
   if (which == "pool") {
-    rmm_fences::mr::detail::stream_ordered_pool_core<cores::null_platform, cores::host_upstream>
-      core{upstream, 0, std::nullopt, std::nullopt};
+    cores::pool_core core{upstream, 0, std::nullopt, std::nullopt};
     r = cores::time_pairs(core, upstream_calls, bytes, iterations);
     core.shutdown(/*device_alive=*/true);
+  } else if (which == "tracking_pool") {
+    cores::pool_core pool{upstream, 0, std::nullopt, std::nullopt};
+    rmm_fences::mr::detail::hazard_tracker_core<cores::null_tracker_platform,
+                                                cores::pool_core_upstream>
+      core{cores::pool_core_upstream{&pool}, /*upstream_stream_ordered=*/true};
+    r = cores::time_pairs(core, upstream_calls, bytes, iterations);
+    core.release_fences();
+    pool.shutdown(/*device_alive=*/true);
   } else if (which == "sync_on_free") {
     rmm_fences::mr::detail::sync_on_free_core<cores::null_platform, cores::host_upstream> core{
       upstream, rmm_fences::mr::sync_mode::deferred, std::nullopt, {}, /*reuse_on_stream=*/true};
     r = cores::time_pairs(core, upstream_calls, bytes, iterations);
     core.drain(/*include_parked=*/true, 7);
   } else {
-    throw std::invalid_argument("core must be 'pool' or 'sync_on_free', got '" + which + "'");
+    throw std::invalid_argument("core must be 'pool', 'sync_on_free' or 'tracking_pool', got '" +
+                                which + "'");
   }
   return r;
 }

@@ -182,9 +182,10 @@ def fence_call_ns(size_t iterations=100000, stream=None) -> dict:
 
 def core_pair_ns(str core, nbytes, size_t iterations=1000000) -> dict:
     """Mean host nanoseconds of one allocate + deallocate pair of ``nbytes`` on one stream in a
-    policy core alone: ``core`` ``"pool"`` (the stream-ordered pool's) or ``"sync_on_free"``
-    (SyncOnFree's, deferred mode, default batch limits), over a platform that makes no CUDA
-    call and an upstream of host memory. Needs no GPU.
+    policy core alone: ``core`` ``"pool"`` (the stream-ordered pool's), ``"sync_on_free"``
+    (SyncOnFree's, deferred mode, default batch limits) or ``"tracking_pool"`` (the hazard
+    tracker's over the pool's), over platforms that make no CUDA call and an upstream of host
+    memory. Needs no GPU.
 
     What a resource's pair costs beyond it is its CUDA calls (stream lookups, fence records)
     and rmm's dispatch. Returns a dict with ``ns``, ``fences`` (fences recorded during the

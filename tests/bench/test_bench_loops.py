@@ -104,19 +104,20 @@ def test_page_call_ns_times_each_call_and_gives_every_page_back(cupy):
 
 
 def test_core_pair_ns_times_the_policy_cores_alone_without_a_gpu():
-    """The cores over a platform without CUDA calls: the pool's same-stream pair makes no
-    record and no upstream call; deferred SyncOnFree takes its block back (no upstream call)
-    and records no fence below its batch's byte limit, one per pair at it (64 MiB)."""
+    """The cores over platforms without CUDA calls: the pool's same-stream pair, and the
+    tracker's over it, make no record and no upstream call; deferred SyncOnFree takes its block
+    back (no upstream call) and records no fence below its batch's byte limit, one per pair at
+    it (64 MiB)."""
     from rmm_fences_bench import core_pair_ns
 
     pairs = 20000
-    for core in ("pool", "sync_on_free"):
+    for core in ("pool", "sync_on_free", "tracking_pool"):
         r = core_pair_ns(core, "1MiB", pairs)
         assert r["ns"] > 0 and r["fences"] == 0 and r["upstream_calls"] == 0, (core, r)
     assert core_pair_ns("pool", "64MiB", pairs)["fences"] == 0
     big = core_pair_ns("sync_on_free", "64MiB", pairs)
     assert big["fences"] == pairs and big["upstream_calls"] == 0
-    with pytest.raises(ValueError, match="core must be 'pool' or 'sync_on_free', got 'arena'"):
+    with pytest.raises(ValueError, match="core must be 'pool', 'sync_on_free' or 'tracking_pool'"):
         core_pair_ns("arena", 256)
     with pytest.raises(ValueError, match="iterations must be positive"):
         core_pair_ns("pool", 256, 0)

@@ -260,7 +260,7 @@ def test_run_native_runs_every_case_of_its_bodies(capsys):
     assert bodies.main(["run", "native"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert "environment" in rows[0]
-    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 + 5 + 1 + 1 + 2 * 3 + 7 * 4
+    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 + 5 + 1 + 1 + 3 * 3 + 7 * 4
     assert {name for name, _ in cases} == {
         "AllocFree", "DeferredFence", "TrackingOverhead", "FenceCalls", "PageCalls",
         "CorePairs", "CubTempStoragePlanLoop",
