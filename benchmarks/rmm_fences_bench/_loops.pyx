@@ -43,7 +43,7 @@ cdef extern from "rmm/mr/cuda_async_memory_resource.hpp" nogil:
         cudaMemPool_t pool_handle() noexcept
 
 
-cdef extern from "rmm_fences_bench/_cores.hpp" namespace "rmm_fences::bench" nogil:
+cdef extern from "rmm_fences_bench/_core_pairs.hpp" namespace "rmm_fences::bench" nogil:
     cdef struct core_pair_result:
         double ns
         uint64_t fences
