@@ -411,11 +411,11 @@ def table_native(path, part=None):
 FLOOR_CHAINS = {
     # the pool: cuStreamIsCapturing then cuStreamGetId, in each call
     "rmm_fences_pool": ("pool", (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 2))),
-    # deferred SyncOnFree: the allocation's take-back asks the capture state and the identity
-    # (in a relaxed capture-mode scope), the free the capture state
+    # deferred SyncOnFree: the allocation's take-back asks the capture state and the identity,
+    # the free the capture state
     "sync_on_free_deferred": (
         "sync_on_free",
-        (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 1), ("relaxed_capture_scope", 1)),
+        (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 1)),
     ),
     # the tracker over the pool: the pool's lookups (a same-stream free over a stream-ordered
     # upstream makes no CUDA call of the tracker's)

@@ -280,10 +280,10 @@ struct cuda_platform_base {
 /**
  * @brief The CUDA side of `sync_on_free_core`: pooled events as fences on one device.
  *
- * Records, stream waits, syncs and identity queries run in relaxed capture mode: while another
- * thread captures in the global mode, this thread's calls then neither fail for that reason nor
- * invalidate that capture. A sync that fails returns false (the core never counts it or frees
- * on it).
+ * Records, stream waits and syncs run in relaxed capture mode: while another thread captures in
+ * the global mode, this thread's calls then neither fail for that reason nor invalidate that
+ * capture (an identity query needs no such scope: `stream_id`). A sync that fails returns
+ * false (the core never counts it or frees on it).
  */
 class cuda_platform : public cuda_platform_base {
  public:
@@ -308,13 +308,12 @@ class cuda_platform : public cuda_platform_base {
     return sync_device_of(device_);
   }
 
-  /// The process-unique id of `stream` (`query_stream_id`, in relaxed capture mode), or 0 when
-  /// unknown. Never called on a capturing stream.
+  /// The process-unique id of `stream` (`query_stream_id`), or 0 when unknown. Never called on
+  /// a capturing stream; asked of one that is not, it leaves another thread's global-mode
+  /// capture valid (docs/design.md#stream-identity-and-capture), so it runs in the caller's
+  /// capture mode: no exchange of it.
   static std::uint64_t stream_id(cuda::stream_ref stream) noexcept
-  {
-    relaxed_capture_scope relaxed;
-    return query_stream_id(stream.get()).value_or(0);
-  }
+  { return query_stream_id(stream.get()).value_or(0); }
 
   static cuda::stream_ref default_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
 
