@@ -522,10 +522,9 @@ def render_downstream(path, rel, options):
     return meta, "\n".join(out)
 
 
-def render_footprint(path, rel, options):
-    """tools/footprint_breakdown.py's report: its summary table (``part=summary``, the default)
-    or, ``part=places``, each log's census at the pool's peak, MiB per place (a row per log),
-    with the commit from the line under its title."""
+def _host_report(path, rel):
+    """A host-model tool's report (tools/footprint_breakdown.py, tools/fence_calls.py): its
+    lines, and the commit and note from the line under its title."""
     lines = path.read_text().splitlines()
     meta = _env_meta(rel, None)
     m = re.search(
@@ -534,10 +533,30 @@ def render_footprint(path, rel, options):
     if m:
         meta["commit"] = m.group(1)[:8] + m.group(2)
         meta["note"] = m.group(3)
+    return lines, meta
+
+
+def _log_table(lines):
+    """The report's first table, the one whose first column is the log."""
+    start = next(i for i, x in enumerate(lines) if x.startswith("| log |"))
+    return "\n".join(x for x in _table_at(lines, start))
+
+
+def render_fence_calls(path, rel, options):
+    """tools/fence_calls.py's report: its table, with the commit from the line under its
+    title."""
+    lines, meta = _host_report(path, rel)
+    return meta, _log_table(lines)
+
+
+def render_footprint(path, rel, options):
+    """tools/footprint_breakdown.py's report: its summary table (``part=summary``, the default)
+    or, ``part=places``, each log's census at the pool's peak, MiB per place (a row per log),
+    with the commit from the line under its title."""
+    lines, meta = _host_report(path, rel)
     part = options.get("part", "summary")
     if part == "summary":
-        start = next(i for i, x in enumerate(lines) if x.startswith("| log |"))
-        return meta, "\n".join(x for x in _table_at(lines, start))
+        return meta, _log_table(lines)
     if part != "places":
         raise ValueError(f"part={part}: expected summary or places")
     rows, places = [], []
@@ -575,6 +594,7 @@ KINDS = {
     "torch-training": render_torch_training,
     "downstream": render_downstream,
     "footprint": render_footprint,
+    "fence-calls": render_fence_calls,
 }
 
 

@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The CUDA calls deferred SyncOnFree makes per free and per allocation on the recorded
+allocation logs, on its C++ core over host memory (no GPU).
+
+    python tools/fence_calls.py                  # every log in asv_bench/traces
+    python tools/fence_calls.py reduce_1m cupy_pipeline
+    python tools/fence_calls.py --max-batch-frees 64 --max-batch-bytes 256MiB
+
+Needs the host test harness (``rmm_fences_testing``, tests/native) and the benchmarks' library
+(``rmm_fences_bench``, benchmarks/), both built in place by ``make install``.
+
+Each log is replayed once through ``HostSyncOnFree`` (the adaptor's core in deferred mode, its
+batch limits as given, blocks taken back on their stream), one event at a time in recorded
+order, each recorded stream a stream of its own, every fence complete from the next call on
+(an idle device, as in the replay benchmark, whose calls launch no work). The report counts
+the calls the CUDA platform would make: event records and queries (an event per batch, from
+the adaptor's pool of events), stream-identity queries (``cuStreamGetId``) and capture tests
+(``cuStreamIsCapturing``), and how many allocations took back a block freed on their stream
+instead of calling the upstream. No block may reach the upstream before its fence: the run
+fails if the harness saw one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
+from asv_bodies import checkout_commit  # noqa: E402
+from footprint_breakdown import STREAM_BASE, TRACES, events_of  # noqa: E402
+
+from rmm_fences_bench import read_allocation_log  # noqa: E402
+from rmm_fences_bench.alloc_log import ALLOCATE  # noqa: E402
+from rmm_fences_bench.cli import size as size_argument  # noqa: E402
+from rmm_fences_testing import HostSyncOnFree  # noqa: E402
+
+DEFAULT_FREES = 16
+DEFAULT_BYTES = 64 << 20
+
+
+def count(events, max_batch_frees=DEFAULT_FREES, max_batch_bytes=DEFAULT_BYTES) -> dict:
+    """Replays ``events`` (``footprint_breakdown.events_of``) through deferred SyncOnFree's core;
+    the platform's and the upstream's calls, the allocations and frees made, the take-backs."""
+    core = HostSyncOnFree(max_batch_frees=max_batch_frees, max_batch_bytes=max_batch_bytes)
+    _ = core.calls  # the counts start from the first call
+    live, allocations, frees = {}, 0, 0
+    for action, ident, nbytes, stream in events:
+        if action == ALLOCATE:
+            live[ident] = (core.allocate(nbytes, stream=STREAM_BASE + stream), nbytes)
+            allocations += 1
+        elif ident in live:
+            ptr, size = live.pop(ident)
+            core.deallocate(ptr, size, stream=STREAM_BASE + stream)
+            frees += 1
+        core.signal_all()  # complete from the next call on: nothing runs on the streams
+    calls = core.calls
+    reuses = core.reuses
+    if reuses["unsafe"]:
+        raise RuntimeError(f"{reuses['unsafe']} block(s) reached the upstream before their fence")
+    return {**calls, "allocations": allocations, "frees": frees, "take_backs": reuses["reuses"]}
+
+
+def row(name: str, c: dict) -> str:
+    """One log's line: calls made, then per free and per call."""
+    frees, calls = max(c["frees"], 1), max(c["allocations"] + c["frees"], 1)
+    cells = [
+        f"{c['allocations'] + c['frees']}",
+        f"{c['record'] / frees:.3f}",
+        f"{c['ready'] / frees:.3f}",
+        f"{c['stream_id'] / frees:.3f}",
+        f"{c['is_capturing'] / calls:.2f}",
+        f"{c['take_backs'] / max(c['allocations'], 1):.0%}",
+        f"{c['upstream_allocate'] / max(c['allocations'], 1):.0%}",
+    ]
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def report(names, traces, max_batch_frees, max_batch_bytes) -> list[str]:
+    limits = f"max_batch_frees {max_batch_frees}, max_batch_bytes " + (
+        "none" if max_batch_bytes is None else f"{max_batch_bytes} bytes"
+    )
+    lines = [
+        "# SyncOnFree's CUDA calls per free (host model)",
+        "",
+        f"commit `{checkout_commit() or 'unknown'}`; deferred SyncOnFree's core over host memory,"
+        f" no GPU; {limits}; every fence complete from the next call on",
+        "",
+        "| log | calls | event records per free | event queries per free "
+        "| stream-identity queries per free | capture tests per call "
+        "| allocations taken back | allocations that reached the upstream |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        events = events_of(read_allocation_log(traces / f"{name}.csv.gz"))
+        lines.append(row(name, count(events, max_batch_frees, max_batch_bytes)))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="*", help="log names (default: every log in --traces)")
+    parser.add_argument("--traces", type=pathlib.Path, default=TRACES)
+    parser.add_argument("--max-batch-frees", type=int, default=DEFAULT_FREES)
+    parser.add_argument(
+        "--max-batch-bytes",
+        type=lambda text: None if text == "none" else size_argument(text, "max_batch_bytes"),
+        default=DEFAULT_BYTES,
+        metavar="SIZE",
+        help="the adaptor's max_batch_bytes (bytes, a size such as 64MiB, or none)",
+    )
+    args = parser.parse_args(argv)
+    if args.max_batch_frees < 1:
+        parser.error(f"--max-batch-frees must be at least 1, got {args.max_batch_frees}")
+    names = args.logs or sorted(p.name[: -len(".csv.gz")] for p in args.traces.glob("*.csv.gz"))
+    print("\n".join(report(names, args.traces, args.max_batch_frees, args.max_batch_bytes)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
