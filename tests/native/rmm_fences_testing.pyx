@@ -494,8 +494,8 @@ cdef class HostPointerMap:
         return None if i == <size_t>-1 else i
 
     def find_or_insert(self, uintptr_t key, uint64_t value) -> int:
-        """The value of ``key``; when absent, ``key`` is inserted, its value (0, as every empty
-        slot's) is returned and then set to ``value``, as a caller filling it in place would."""
+        """The value found for ``key`` (0 for a key just inserted: every empty slot holds 0);
+        a 0 found is then set to ``value`` in place, as the tracker fills a new record."""
         cdef uint64_t* slot = &deref(self.c_obj).find_or_insert(key)
         cdef uint64_t found = slot[0]
         if found == 0:
