@@ -184,6 +184,9 @@ class CorePairs:
     params = [["pool", "sync_on_free", "tracking_pool"], SIZES]
     param_names = ["core", "nbytes"]
 
+    def setup(self, core, nbytes):
+        pass  # no GPU, nothing to make: each call builds its core
+
     def measure(self, core, nbytes):
         """``ns`` (the median of three loops) and ``fences_per_pair`` (fences recorded)."""
         import statistics
