@@ -39,6 +39,7 @@ tools/asv_report.py prints above the tables it renders from the file.
 import argparse
 import functools
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -48,7 +49,11 @@ ASV = pathlib.Path(__file__).resolve().parents[1] / "asv_bench"
 
 def checkout_commit() -> str | None:
     """The checkout's commit, with "+uncommitted changes" when its tracked files differ from
-    it; None outside a git checkout."""
+    it; None outside a git checkout. ``RMM_FENCES_COMMIT`` in the environment overrides it,
+    for a copy of the checkout whose git metadata is not its files' (as tools/downstream/run.py
+    reads it)."""
+    if os.environ.get("RMM_FENCES_COMMIT"):
+        return os.environ["RMM_FENCES_COMMIT"]
     root = ASV.parent
     try:
         commit = subprocess.run(

@@ -379,3 +379,13 @@ def test_recorder_cupy_mixed_interleaves_every_size_and_lifetime(monkeypatch):
     monkeypatch.setattr(fake, "cumsum", lambda x, dtype: fake.np.cumsum(x, dtype=dtype) + 1.0)
     with pytest.raises(AssertionError, match="cumulative sum"):
         rec.cupy_mixed(rounds=2, streams=1)
+
+
+def test_the_commit_a_run_records_can_be_given(monkeypatch):
+    """A copy of the checkout whose git metadata lags its files (a device's) names its commit
+    through RMM_FENCES_COMMIT, as the downstream harness does."""
+    bodies = asv_bodies()
+    monkeypatch.setenv("RMM_FENCES_COMMIT", "abc123 (given)")
+    assert bodies.checkout_commit() == "abc123 (given)"
+    monkeypatch.delenv("RMM_FENCES_COMMIT")
+    assert bodies.checkout_commit() != "abc123 (given)"
