@@ -34,16 +34,13 @@ namespace cores {
 
 struct out_of_memory : std::bad_alloc {};
 
-/// The calls both cores make of their platform, none of them reaching CUDA; counts records.
-struct null_platform {
-  using stream_type   = std::uint64_t;
-  using fence_type    = std::size_t;
-  using out_of_memory = cores::out_of_memory;
+/// What every null platform shares: streams are numbers, fences are counted and complete at
+/// once, nothing is captured.
+struct null_fences {
+  using stream_type = std::uint64_t;
+  using fence_type  = std::size_t;
 
-  [[noreturn]] static void throw_out_of_memory(std::size_t, std::size_t) { throw out_of_memory{}; }
-  static std::uint64_t stream_id(stream_type s) noexcept { return s; }
   static std::uintptr_t key(stream_type s) noexcept { return s; }
-  static stream_type default_stream() noexcept { return 0; }
   fence_type acquire_fence() noexcept { return ++fences_made; }
   static void release_fence(fence_type) noexcept {}
   bool record(fence_type, stream_type) noexcept
@@ -51,10 +48,22 @@ struct null_platform {
     ++records;
     return true;
   }
-  static bool ready(fence_type) noexcept { return true; }
-  static bool host_wait(fence_type) noexcept { return true; }
   static bool device_wait(stream_type, fence_type) noexcept { return true; }
   static bool is_capturing(stream_type) noexcept { return false; }
+
+  std::size_t fences_made{};
+  std::uint64_t records{};
+};
+
+/// The pool's and SyncOnFree's platform, none of its calls reaching CUDA.
+struct null_platform : null_fences {
+  using out_of_memory = cores::out_of_memory;
+
+  [[noreturn]] static void throw_out_of_memory(std::size_t, std::size_t) { throw out_of_memory{}; }
+  static std::uint64_t stream_id(stream_type s) noexcept { return s; }
+  static stream_type default_stream() noexcept { return 0; }
+  static bool ready(fence_type) noexcept { return true; }
+  static bool host_wait(fence_type) noexcept { return true; }
   static bool sync_stream(stream_type) noexcept { return true; }
   static bool sync_device() noexcept { return true; }
   static bool retain_until_graph_destroyed(stream_type, void (*fn)(void*), void* ctx) noexcept
@@ -68,34 +77,16 @@ struct null_platform {
   static void report_rejected_free(char const*) noexcept {}
   struct no_scope {};
   static no_scope relax() noexcept { return {}; }
-
-  std::size_t fences_made{};
-  std::uint64_t records{};
 };
 
-/// The tracker's platform: no CUDA call, every fence complete at once; counts records.
-struct null_tracker_platform {
-  using stream_type = std::uint64_t;
-  using fence_type  = std::size_t;
+/// The tracker's platform, none of its calls reaching CUDA.
+struct null_tracker_platform : null_fences {
   enum class fence_state { complete, pending, failed };
 
-  static std::uintptr_t key(stream_type s) noexcept { return s; }
   static std::optional<stream_type> stream(std::uintptr_t key) noexcept { return key; }
-  fence_type acquire_fence() noexcept { return ++fences_made; }
-  static void release_fence(fence_type) noexcept {}
-  bool record(fence_type, stream_type) noexcept
-  {
-    ++records;
-    return true;
-  }
   static fence_state query(fence_type) noexcept { return fence_state::complete; }
-  static bool device_wait(stream_type, fence_type) noexcept { return true; }
-  static bool is_capturing(stream_type) noexcept { return false; }
   static void annotate_allocation(void*, std::size_t) noexcept {}
   static void annotate_free(void*) noexcept {}
-
-  std::size_t fences_made{};
-  std::uint64_t records{};
 };
 
 /// Host memory at 256-byte alignment; counts its calls (shared by copies: the cores hold one).
@@ -128,21 +119,23 @@ struct pool_core_upstream {
   { core->deallocate(stream, p, bytes, alignment); }
 };
 
+/// The stream every timed pair runs on.
+inline constexpr std::uint64_t pair_stream = 7;
+
 template <typename Core>
 core_pair_result time_pairs(Core& core,
                             std::uint64_t const& upstream_calls,
                             std::size_t bytes,
                             std::uint64_t iterations)
 {
-  constexpr std::uint64_t stream = 7;
   for (int i = 0; i < 100; ++i) {  // the first growth, the slot, the caches
-    core.deallocate(stream, core.allocate(stream, bytes, 256), bytes, 256);
+    core.deallocate(pair_stream, core.allocate(pair_stream, bytes, 256), bytes, 256);
   }
   auto const records = core.platform().records;
   auto const calls   = upstream_calls;
   auto const start   = std::chrono::steady_clock::now();
   for (std::uint64_t i = 0; i < iterations; ++i) {
-    core.deallocate(stream, core.allocate(stream, bytes, 256), bytes, 256);
+    core.deallocate(pair_stream, core.allocate(pair_stream, bytes, 256), bytes, 256);
   }
   auto const ns =
     std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
@@ -185,7 +178,7 @@ inline core_pair_result core_pair_ns(std::string const& which,
     rmm_fences::mr::detail::sync_on_free_core<cores::null_platform, cores::host_upstream> core{
       upstream, rmm_fences::mr::sync_mode::deferred, std::nullopt, {}, /*reuse_on_stream=*/true};
     r = cores::time_pairs(core, upstream_calls, bytes, iterations);
-    core.drain(/*include_parked=*/true, 7);
+    core.drain(/*include_parked=*/true, cores::pair_stream);
   } else {
     throw std::invalid_argument("core must be 'pool', 'sync_on_free' or 'tracking_pool', got '" +
                                 which + "'");
