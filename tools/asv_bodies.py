@@ -413,9 +413,10 @@ def table_native(path, part=None):
 
 #: Per chain of the floor table: its policy core, and the CUDA calls of its two stream lookups
 #: (one in allocate, one in deallocate) as (call, count) pairs of ``fence_call_ns``'s fields.
+# the pool: cuStreamIsCapturing then cuStreamGetId, in each call
+_POOL_LOOKUPS = (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 2))
 FLOOR_CHAINS = {
-    # the pool: cuStreamIsCapturing then cuStreamGetId, in each call
-    "rmm_fences_pool": ("pool", (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 2))),
+    "rmm_fences_pool": ("pool", _POOL_LOOKUPS),
     # deferred SyncOnFree: the allocation's take-back asks the capture state and the identity,
     # the free the capture state
     "sync_on_free_deferred": (
@@ -424,7 +425,7 @@ FLOOR_CHAINS = {
     ),
     # the tracker over the pool: the pool's lookups (a same-stream free over a stream-ordered
     # upstream makes no CUDA call of the tracker's)
-    "tracking_pool": ("tracking_pool", (("cu_stream_is_capturing", 2), ("cu_stream_get_id", 2))),
+    "tracking_pool": ("tracking_pool", _POOL_LOOKUPS),
 }
 
 
