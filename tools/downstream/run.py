@@ -576,6 +576,7 @@ def run_all(args):
         ("retry", 1),
     ]
     done = 0
+    due = None  # the references due, found once the chains' phases are over
     try:
         for phase, width in phases:
             if phase == "retry":  # what ran short of memory among many runs again alone
@@ -587,13 +588,10 @@ def run_all(args):
                 todo = todo + phase
                 runner = run_alone
             elif isinstance(phase, str):  # the references' phases
-                finished_parts, waiting, _ = finished(out, jobs)
+                if due is None:
+                    due = due_references(*finished(out, jobs)[:2])
                 serial = phase == "serial references"
-                phase = [
-                    j
-                    for j in due_references(finished_parts, waiting)
-                    if bool(j.get("serial")) == serial
-                ]
+                phase = [j for j in due if bool(j.get("serial")) == serial]
                 if phase:
                     print(
                         f"{len(phase)} file(s) under rmm's own resources, where a chain regressed",
