@@ -182,14 +182,15 @@ def run_native(out):
             row = {"bench": "AllocFree", "chain": chain, "nbytes": nbytes}
             _run_body(A.AllocFree(), (chain, nbytes), row, out, pair)
     for upstream in A.DeferredFence.params[0]:
-        row = {"bench": "DeferredFence", "upstream": upstream}
-        _run_body(
-            A.DeferredFence(),
-            (upstream,),
-            row,
-            out,
-            lambda b, u: {"ns": b.track_cost_per_free_ns(u)},
-        )
+        for nbytes in A.SIZES:
+            row = {"bench": "DeferredFence", "upstream": upstream, "nbytes": nbytes}
+            _run_body(
+                A.DeferredFence(),
+                (upstream, nbytes),
+                row,
+                out,
+                lambda b, u, n: {"ns": b.track_cost_per_free_ns(u, n)},
+            )
     for upstream in A.UPSTREAMS:
         row = {"bench": "TrackingOverhead", "upstream": upstream}
         _run_body(
@@ -358,6 +359,26 @@ def _per_size(values, peers, suffix="B", fmt=number):
     return "\n".join(lines)
 
 
+def _over(fences, tracked):
+    """What deferred SyncOnFree adds to its upstream's pair at each size (rows without a size
+    are of 1 MiB) and what the tracker's 1 MiB pair costs over its upstream's, per upstream."""
+    sizes = [256, 1 << 20, 64 << 20]
+    added = {(r["upstream"], r.get("nbytes", 1 << 20)): r["ns"] for r in fences}
+    ratios = {r["upstream"]: r for r in tracked}
+    lines = [
+        "| over its upstream | "
+        + " | ".join(f"deferred SyncOnFree {size_label(n)}, ns" for n in sizes)
+        + " | tracker, native pair | tracker, Python pair |",
+        "|---|" + "---:|" * (len(sizes) + 2),
+    ]
+    for u in dict.fromkeys([*(u for u, _ in added), *ratios]):
+        t = ratios.get(u)
+        cells = [number(added[(u, n)]) if (u, n) in added else "-" for n in sizes]
+        cells += [f"{t[k]:.2f}x" if t else "-" for k in ("native_ratio", "python_ratio")]
+        lines.append(f"| `{u}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table_native(path, part=None):
     """The tables of ``run native`` (``part``: one of NATIVE_PARTS; None: all, in order)."""
     rows = [r for r in _rows(path) if "skipped" not in r]
@@ -370,22 +391,7 @@ def table_native(path, part=None):
     parts = {}
     parts["pairs"] = _per_size({(r["chain"], r["nbytes"]): r["native_ns"] for r in pairs}, peers)
     parts["python"] = _per_size({(r["chain"], r["nbytes"]): r["python_us"] for r in pairs}, peers)
-    over = [
-        "| over its upstream | deferred SyncOnFree, ns per free | tracker, native pair | "
-        "tracker, Python pair |",
-        "|---|---:|---:|---:|",
-    ]
-    fences = {r["upstream"]: r["ns"] for r in by.get("DeferredFence", [])}
-    tracked = {r["upstream"]: r for r in by.get("TrackingOverhead", [])}
-    for u in dict.fromkeys([*fences, *tracked]):
-        t = tracked.get(u)
-        cells = [
-            number(fences[u]) if u in fences else "-",
-            f"{t['native_ratio']:.2f}x" if t else "-",
-            f"{t['python_ratio']:.2f}x" if t else "-",
-        ]
-        over.append(f"| `{u}` | " + " | ".join(cells) + " |")
-    parts["over"] = "\n".join(over)
+    parts["over"] = _over(by.get("DeferredFence", []), by.get("TrackingOverhead", []))
     parts["calls"] = "\n".join(
         ["| CUDA call | ns |", "|---|---:|"]
         + [f"| `{k}` | {number(v)} |" for k, v in calls.items() if v]

@@ -34,26 +34,27 @@ class AllocFree:
 
 
 class DeferredFence:
-    """What a deferred free adds over the upstream's own pair (paired rounds, median)."""
+    """What a deferred free adds over the upstream's own pair of the same size (paired rounds,
+    median): below ``max_batch_bytes`` the free is taken back on its own stream, from there
+    (64 MiB) each free records its event."""
 
-    params = [["cuda_async", "rmm_pool"]]
-    param_names = ["upstream"]
+    params = [["cuda_async", "rmm_pool"], SIZES]
+    param_names = ["upstream", "nbytes"]
 
-    def setup(self, upstream):
+    def setup(self, upstream, nbytes):
         require_gpu()
         from rmm_fences import SyncOnFreeResourceAdaptor
 
         self.upstream = make(upstream)
         self.adaptor = SyncOnFreeResourceAdaptor(self.upstream, mode="deferred")
 
-    def track_cost_per_free_ns(self, upstream):
+    def track_cost_per_free_ns(self, upstream, nbytes):
         import statistics
 
         from rmm_fences_bench import alloc_free_ns
 
         over = [
-            alloc_free_ns(self.adaptor, 1 << 20, 20000)
-            - alloc_free_ns(self.upstream, 1 << 20, 20000)
+            alloc_free_ns(self.adaptor, nbytes, 20000) - alloc_free_ns(self.upstream, nbytes, 20000)
             for _ in range(5)
         ]
         self.adaptor.flush()

@@ -204,7 +204,8 @@ def test_native_tables_give_ratios_and_where_the_pool_pair_goes(tmp_path):
         )  # fmt: skip
     rows += [
         {"bench": "AllocFree", "chain": "cuda", "nbytes": 256, "skipped": "needs a CUDA GPU"},
-        {"bench": "DeferredFence", "upstream": "rmm_pool", "ns": 250.0},
+        {"bench": "DeferredFence", "upstream": "rmm_pool", "ns": 250.0},  # older rows: 1 MiB
+        {"bench": "DeferredFence", "upstream": "cuda_async", "nbytes": 64 << 20, "ns": 120.0},
         {"bench": "TrackingOverhead", "upstream": "rmm_fences_pool", "native_ratio": 1.5,
          "python_ratio": 1.2},
         {"bench": "FenceCalls", "ns": {"cu_stream_is_capturing": 10.0, "cu_stream_get_id": 15.0,
@@ -230,8 +231,9 @@ def test_native_tables_give_ratios_and_where_the_pool_pair_goes(tmp_path):
     assert "cuda`" not in pairs.replace("cuda_async", "")  # skipped rows are left out
     assert "| `rmm_fences_pool` | 1.00 (0.03x / 0.10x) |" in bodies.table_native(path, "python")
     over = bodies.table_native(path, "over")
-    assert "| `rmm_pool` | 250.0 | - | - |" in over
-    assert "| `rmm_fences_pool` | - | 1.50x | 1.20x |" in over
+    assert "| `rmm_pool` | - | 250.0 | - | - | - |" in over
+    assert "| `cuda_async` | - | - | 120.0 | - | - |" in over
+    assert "| `rmm_fences_pool` | - | - | - | 1.50x | 1.20x |" in over
     calls = bodies.table_native(path, "calls")
     assert "| `cu_stream_get_id` | 15.0 |" in calls and "event_query" not in calls
     floor = bodies.table_native(path, "floor")
@@ -260,12 +262,13 @@ def test_run_native_runs_every_case_of_its_bodies(capsys):
     assert bodies.main(["run", "native"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert "environment" in rows[0]
-    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 + 5 + 1 + 1 + 3 * 3 + 7 * 4
+    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 * 3 + 5 + 1 + 1 + 3 * 3 + 7 * 4
     assert {name for name, _ in cases} == {
         "AllocFree", "DeferredFence", "TrackingOverhead", "FenceCalls", "PageCalls",
         "CorePairs", "CubTempStoragePlanLoop",
     }  # fmt: skip
     assert ("CorePairs", ("sync_on_free", 64 << 20)) in cases
+    assert ("DeferredFence", ("rmm_pool", 64 << 20)) in cases
     assert ("AllocFree", ("rmm_fences_pool", 1 << 20)) in cases
     assert ("CubTempStoragePlanLoop", ("rmm_fences_pool", 1 << 20)) in cases
 
@@ -294,6 +297,15 @@ def test_asv_report_renders_one_native_part_or_names_the_valid_ones(tmp_path):
     assert body == "| CUDA call | ns |\n|---|---:|\n| `cu_stream_get_id` | 9.00 |"
     with pytest.raises(ValueError, match="part=pair: expected one of pairs, python"):
         report.render_native(path, "native.jsonl", {"part": "pair"})
+
+
+def test_asv_deferred_fence_table_takes_results_with_and_without_a_size():
+    """asv results of DeferredFence by (upstream, nbytes) give a column per size; older ones
+    (by upstream alone, of 1 MiB) still render, one value per upstream."""
+    build = load_script(TOOLS / "asv_report.py").ASV_TABLES["asv-deferred-fence"][1]
+    sized = build({("rmm_pool", "1048576"): -3000.0, ("rmm_pool", "67108864"): 240.0})
+    assert "| 1 MiB | 64 MiB |" in sized and "| `rmm_pool` | -3000.00 | 240.0 |" in sized
+    assert "| `cuda_async` | -585.36 |" in build({("cuda_async",): -585.36})
 
 
 def test_replay_table_shows_a_footprint_that_grew_in_the_timed_replays(tmp_path):
