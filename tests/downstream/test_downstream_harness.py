@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -301,6 +302,48 @@ def test_marked_tests_run_apart_after_the_rest(suite, tmp_path):
     assert regression["test"] == "test_marked.py::test_huge"
     assert (regression["baseline"], regression["outcome"]) == ("passed", "failed")
     assert results["pool"]["counts"]["passed"] == 1 + 3
+
+
+def test_a_long_file_runs_in_shards_that_cover_each_test_once(suite, tmp_path):
+    """--shard-kib: a file larger than the bound runs as several processes (its parts
+    "FILE [shard i/n]"), each with every n-th test; together they run each test once, a file
+    under the bound runs whole, and a chain's regression is found in its shard."""
+    out = tmp_path / "out"
+    size = (suite / "test_pass.py").stat().st_size
+    r = run_fake(
+        suite,
+        out,
+        "--files",
+        "test_pass.py",
+        "test_chain_fail.py",
+        "--shard-kib",
+        (size - 1) / 2 / 1024,  # test_pass.py: 3 shards; test_chain_fail.py (smaller): 1
+        "--chain",
+        "pool=pool(cuda_async)",
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    results = json.loads((out / "summary.json").read_text())["results"]["fake"]
+    shards = [f"test_pass.py [shard {i}/3]" for i in (1, 2, 3)]
+    assert results["baseline"]["parts_done"] == sorted([*shards, "test_chain_fail.py"])
+    ran = []
+    for i in (1, 2, 3):
+        meta = json.loads((out / "fake" / "pool" / f"test_pass@shard{i}of3.meta.json").read_text())
+        assert meta["shard"] == f"{i}/3"
+        tree = ET.parse(out / "fake" / "pool" / f"test_pass@shard{i}of3.xml")
+        ran += [c.get("name") for c in tree.iter("testcase")]
+    assert sorted(ran) == ["test_a", "test_p[1]", "test_p[2]", "test_skipped", "test_xfail"]
+    assert results["pool"]["counts"]["passed"] == 4 and results["pool"]["counts"]["skipped"] == 1
+    [regression] = results["pool"]["regressions"]
+    assert regression["test"] == "test_chain_fail.py::test_fails_with_chain"
+
+    # --resume with whole files: they replace the shards in the report (each test counted once)
+    again = run_fake(suite, out, "--files", "test_pass.py", "--resume", "--chain", "pool=x")
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "--resume: 0 file(s) already done, 2 to run" in again.stderr
+    results = json.loads((out / "summary.json").read_text())["results"]["fake"]
+    for chain, passed in (("baseline", 3 + 2), ("pool", 3 + 1)):
+        assert results[chain]["parts_done"] == ["test_chain_fail.py", "test_pass.py"]
+        assert results[chain]["counts"]["passed"] == passed and not results[chain]["files_pending"]
 
 
 def test_plan_splits_only_files_that_name_the_mark(tmp_path):

@@ -28,6 +28,10 @@ Environment:
     to name the same). A test that passes its own ``memory_resource`` keeps it. A process such a
     test spawns inherits the variable and builds its own chain from ``RMM_FENCES_DS_CHAIN``
     (its tracker's hazards are not reported).
+``RMM_FENCES_DS_SHARD``
+    ``I/N``: run only the I-th of N shards of the collected tests (every N-th test from the
+    I-th, after every other hook's selection): the harness splits a long file into processes
+    that a deadline stops one at a time.
 ``RMM_FENCES_DS_FAKE``
     ``1``: build and install nothing (no chain, no CuPy allocator, no rmm or cupy import), only
     log as above; the harness's CPU tests (``tests/downstream/test_downstream_harness.py``) run
@@ -165,6 +169,20 @@ def _route_cudf_polars():
     MemoryResourceConfig.default = classmethod(
         lambda cls: cls(qualname="plugin.chain_resource", options=None)
     )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    shard = os.environ.get("RMM_FENCES_DS_SHARD", "")
+    if not shard:
+        return
+    index, _, count = shard.partition("/")
+    index, count = int(index), int(count)
+    if not 1 <= index <= count:
+        raise pytest.UsageError(f"RMM_FENCES_DS_SHARD must be I/N with 1 <= I <= N, got {shard!r}")
+    mine = [k % count == index - 1 for k in range(len(items))]
+    config.hook.pytest_deselected(items=[t for t, m in zip(items, mine) if not m])
+    items[:] = [t for t, m in zip(items, mine) if m]
 
 
 @pytest.hookimpl(tryfirst=True)

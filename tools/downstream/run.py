@@ -31,7 +31,10 @@ once its phase (the parallel files, then the serial marks) is over, and that run
 A long run can be cut into several: ``--deadline SECONDS`` starts no file after that and stops
 the ones still running (they stay unfinished), and the same command with ``--resume`` on the
 same OUT runs only what is unfinished (after an interrupted run too); ``--cupy-cache DIR``
-keeps CuPy's compiled kernels in DIR, so that a later run does not compile them again.
+keeps CuPy's compiled kernels in DIR, so that a later run does not compile them again. A file
+that runs longer than such a part never finishes: ``--shard-kib KIB`` splits each file larger
+than KIB KiB of source into shards, one process each running every n-th of its tests
+(``OUT/<suite>/<chain>/<file>@shard<i>of<n>.*``, reported as ``<file> [shard i/n]``).
 
 After the chains, rmm's own resources under the same allocators (the references: CudaAsync
 for the pool and the tracker, rmm's pool for SyncOnFree) run on the files where a chain
@@ -51,6 +54,7 @@ import argparse
 import concurrent.futures as cf
 import datetime
 import json
+import math
 import os
 import re
 import signal
@@ -203,6 +207,17 @@ def parse_args(argv):
     )
     p.add_argument("--serial-jobs", type=int, default=2)
     p.add_argument(
+        "--shard-kib",
+        type=float,
+        default=None,
+        metavar="KIB",
+        help=(
+            "a test file whose source is larger than KIB KiB runs as ceil(size / KIB) "
+            "processes, each with every n-th of its tests (the tests of --serial-mark stay "
+            "in one): a --deadline then loses the work of a shard, not of the whole file"
+        ),
+    )
+    p.add_argument(
         "--no-retry-alone",
         dest="retry_alone",
         action="store_false",
@@ -339,11 +354,12 @@ def plan(args):
                     }
                     if chain in conditional:
                         job["if_regressed"] = conditional[chain]
+                    shards = _shard_count(Path(suite["path"]) / f, args.shard_kib)
                     if f not in marked[name]:
-                        jobs.append(job)
+                        jobs += _shards(job, shards)
                         continue
                     mark = args.serial_mark
-                    jobs.append({**job, "mark": f"not {mark}"})
+                    jobs += _shards({**job, "mark": f"not {mark}"}, shards)
                     jobs.append(
                         {
                             **job,
@@ -361,6 +377,34 @@ def plan(args):
     }
     jobs.sort(key=lambda j: (j["chain"] != "baseline", -size[j["suite"], j["file"]]))
     return suites, jobs
+
+
+def _shard_count(path, kib):
+    """How many shards the file at ``path`` runs as (1: whole) for ``--shard-kib``."""
+    if not kib:
+        return 1
+    return max(1, math.ceil(path.stat().st_size / (kib * 1024)))
+
+
+def _shards(job, count):
+    """``job`` as ``count`` jobs, the i-th running every ``count``-th test from the i-th (the
+    plugin's ``RMM_FENCES_DS_SHARD``); ``[job]`` when ``count`` is 1."""
+    if count == 1:
+        return [job]
+    return [
+        {
+            **job,
+            "shard": f"{i}/{count}",
+            "part": f"{job['part']} [shard {i}/{count}]",
+            "base": f"{job['base']}@shard{i}of{count}",
+        }
+        for i in range(1, count + 1)
+    ]
+
+
+def _file_key(job):
+    """What a job runs, whatever its shards: (suite, chain, file, mark)."""
+    return job["suite"], job["chain"], job["file"], job.get("mark")
 
 
 def is_reference(chain):
@@ -440,6 +484,8 @@ def run_job(job, suites, out, args):
     extra = {**job["env"], "RMM_FENCES_DS_STATE": f"{base}.state"}
     if job["suite"] in RAPIDS_SUITES:
         extra["RMM_FENCES_DS_RAPIDS"] = "1"
+    if job.get("shard"):
+        extra["RMM_FENCES_DS_SHARD"] = job["shard"]
     if args.cupy_cache is not None:
         extra["CUPY_CACHE_DIR"] = str(args.cupy_cache.resolve())
     env = child_env(extra)
@@ -543,10 +589,11 @@ def run_all(args):
             print(f"{name}: no file matches {pattern} (skipped)")
     todo = [j for j in jobs if not j.get("if_regressed")]  # references where needed: later
     if args.resume and (out / "run.json").is_file():
-        # The jobs of the earlier calls stay in the report; those finished are not run again.
+        # The jobs of the earlier calls stay in the report, but for the files this plan runs
+        # (split another way: this plan's shards replace them); those finished are not run again.
         earlier = json.loads((out / "run.json").read_text())
-        known = {j["base"] for j in jobs}
-        jobs = jobs + [j for j in earlier.get("jobs", []) if j["base"] not in known]
+        known = {_file_key(j) for j in jobs}
+        jobs = jobs + [j for j in earlier.get("jobs", []) if _file_key(j) not in known]
         suites = {**earlier.get("suites", {}), **suites}
         left = [j for j in todo if not Path(f"{out / j['base']}.meta.json").is_file()]
         print(
