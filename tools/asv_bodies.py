@@ -38,6 +38,7 @@ tools/asv_report.py prints above the tables it renders from the file.
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import pathlib
@@ -91,6 +92,14 @@ def _run_body(bench, args, row, out, measure):
         if hasattr(bench, "teardown"):
             bench.teardown(*args)
     print(json.dumps(row), file=out, flush=True)
+
+
+def _run_grid(bench, grid, out, measure):
+    """``_run_body`` for every case of ``grid`` ({parameter name: values}, in that order): a
+    fresh ``bench()`` per case, its row named by the class and the case's parameters."""
+    for case in itertools.product(*grid.values()):
+        row = {"bench": bench.__name__, **dict(zip(grid, case))}
+        _run_body(bench(), case, row, out, measure)
 
 
 def run_replay(out):
@@ -177,32 +186,22 @@ def run_native(out):
             python.append((time.perf_counter() - t0) / A.PAIRS * 1e6)
         return {"native_ns": native, "python_us": statistics.median(python)}
 
-    for chain in CHAINS:
-        for nbytes in A.SIZES:
-            row = {"bench": "AllocFree", "chain": chain, "nbytes": nbytes}
-            _run_body(A.AllocFree(), (chain, nbytes), row, out, pair)
-    for upstream in A.DeferredFence.params[0]:
-        for nbytes in A.SIZES:
-            row = {"bench": "DeferredFence", "upstream": upstream, "nbytes": nbytes}
-            _run_body(
-                A.DeferredFence(),
-                (upstream, nbytes),
-                row,
-                out,
-                lambda b, u, n: {"ns": b.track_cost_per_free_ns(u, n)},
-            )
-    for upstream in A.UPSTREAMS:
-        row = {"bench": "TrackingOverhead", "upstream": upstream}
-        _run_body(
-            A.TrackingOverhead(),
-            (upstream,),
-            row,
-            out,
-            lambda b, u: {
-                "native_ratio": b.track_native_ratio(u),
-                "python_ratio": b.track_python_ratio(u),
-            },
-        )
+    _run_grid(A.AllocFree, {"chain": CHAINS, "nbytes": A.SIZES}, out, pair)
+    _run_grid(
+        A.DeferredFence,
+        {"upstream": A.DeferredFence.params[0], "nbytes": A.SIZES},
+        out,
+        lambda b, u, n: {"ns": b.track_cost_per_free_ns(u, n)},
+    )
+    _run_grid(
+        A.TrackingOverhead,
+        {"upstream": A.UPSTREAMS},
+        out,
+        lambda b, u: {
+            "native_ratio": b.track_native_ratio(u),
+            "python_ratio": b.track_python_ratio(u),
+        },
+    )
 
     def calls(b, _call):  # every call at once, on a created stream as the pairs
         from rmm_fences_bench import fence_call_ns
@@ -217,20 +216,18 @@ def run_native(out):
 
     _run_body(A.FenceCalls(), ("cu_stream_get_id",), {"bench": "FenceCalls"}, out, calls)
     _run_body(A.PageCalls(), ("map",), {"bench": "PageCalls"}, out, pages)
-    for core in A.CorePairs.params[0]:
-        for nbytes in A.SIZES:
-            row = {"bench": "CorePairs", "core": core, "nbytes": nbytes}
-            _run_body(A.CorePairs(), (core, nbytes), row, out, lambda b, c, n: b.measure(c, n))
-    for chain in CHAINS:
-        for n in Rd.SIZES:
-            row = {"bench": "CubTempStoragePlanLoop", "chain": chain, "n": n}
-            _run_body(
-                Rd.CubTempStoragePlanLoop(),
-                (chain, n),
-                row,
-                out,
-                lambda b, c, n: {"ratio": b.track_ratio_to_preallocated(c, n)},
-            )
+    _run_grid(
+        A.CorePairs,
+        {"core": A.CorePairs.params[0], "nbytes": A.SIZES},
+        out,
+        lambda b, c, n: b.measure(c, n),
+    )
+    _run_grid(
+        Rd.CubTempStoragePlanLoop,
+        {"chain": CHAINS, "n": Rd.SIZES},
+        out,
+        lambda b, c, n: {"ratio": b.track_ratio_to_preallocated(c, n)},
+    )
 
 
 #: Timed runs per benchmark parameter and chain in ``run dataframes`` (the median is reported).
