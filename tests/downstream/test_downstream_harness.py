@@ -103,7 +103,7 @@ def test_regression_crash_and_not_run(suite, tmp_path):
     assert "test_chain_fail.py::test_fails_with_chain: passed -> failed" in r.stdout
     assert "CRASH in test_segv.py::test_segv" in r.stdout
     md = (out / "summary.md").read_text()
-    assert "| fake | pool | 6 | 1 | 0 | 2 | 4 | - | 1 | 1 | 0 |" in md
+    assert "| fake | pool | 6 | 1 | 0 | 2 | 4 | - | 1 | 1 | 0 | 4 of 4 |" in md
     for ext in ("xml", "log", "state", "meta.json"):
         assert (out / "fake" / "pool" / f"test_chain_fail.{ext}").is_file()
 
@@ -174,6 +174,10 @@ def test_deadline_leaves_files_for_resume(suite, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["baseline"]
     assert entry["files_pending"] == ["test_slow.py"] and entry["counts"]["passed"] == 3
+    assert (
+        "| fake | baseline | 3 | 0 | 0 | 2 | 0 | - | 0 | 0 | 0 | 1 of 2 |"
+        in (out / "summary.md").read_text()
+    )
     assert not (out / "fake" / "baseline" / "test_slow.log").exists()
     assert "1 file(s) not finished" in r.stdout
 

@@ -1070,8 +1070,8 @@ def markdown(s):
         + ("; **fake run (RMM_FENCES_DS_FAKE=1)**" if s.get("fake") else ""),
         "",
         "| suite | chain | passed | failed | errors | skipped | regressions | not under its rmm "
-        "reference | crashes | unraisable | hazards |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "reference | crashes | unraisable | hazards | processes finished |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for suite, chains in s["results"].items():
         for chain, e in chains.items():
@@ -1080,7 +1080,8 @@ def markdown(s):
                 f"| {suite} | {chain} | {c['passed']} | {c['failed']} | {c['error']} | "
                 f"{c['skipped'] + c['xfailed']} | {len(e['regressions'])} | "
                 f"{'-' if e.get('own_regressions') is None else e['own_regressions']} | "
-                f"{len(e['crashes'])} | {len(e['unraisable'])} | {e['hazard_count']} |"
+                f"{len(e['crashes'])} | {len(e['unraisable'])} | {e['hazard_count']} | "
+                f"{e['files_done']} of {e['files_done'] + len(e['files_pending'])} |"
             )
     missing = [f"- {name}: `{p}`" for name, suite in s["suites"].items() for p in suite["missing"]]
     md += ["", "Globs that matched no file (skipped):", "", *missing] if missing else []
