@@ -350,6 +350,28 @@ def test_a_long_file_runs_in_shards_that_cover_each_test_once(suite, tmp_path):
         assert results[chain]["counts"]["passed"] == passed and not results[chain]["files_pending"]
 
 
+@pytest.mark.parametrize("shard", ["3/2", "0/2", "x"])
+def test_a_bad_shard_stops_pytest_with_a_usage_error(suite, shard):
+    env = dict(
+        os.environ,
+        RMM_FENCES_DS_FAKE="1",
+        RMM_FENCES_DS_SHARD=shard,
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+        PYTHONPATH=str(TOOLS / "downstream"),
+    )
+    env.pop("PYTEST_ADDOPTS", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "plugin", "-q", "test_pass.py"],
+        cwd=suite,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 4, r.stdout + r.stderr  # pytest's usage error
+    assert f"RMM_FENCES_DS_SHARD must be I/N with 1 <= I <= N, got {shard!r}" in r.stderr
+
+
 def test_plan_splits_only_files_that_name_the_mark(tmp_path):
     run = _load_run()
     root = tmp_path / "s"

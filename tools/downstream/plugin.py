@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -176,10 +177,10 @@ def pytest_collection_modifyitems(config, items):
     shard = os.environ.get("RMM_FENCES_DS_SHARD", "")
     if not shard:
         return
-    index, _, count = shard.partition("/")
-    index, count = int(index), int(count)
-    if not 1 <= index <= count:
+    m = re.fullmatch(r"(\d+)/(\d+)", shard)
+    if not m or not 1 <= int(m[1]) <= int(m[2]):
         raise pytest.UsageError(f"RMM_FENCES_DS_SHARD must be I/N with 1 <= I <= N, got {shard!r}")
+    index, count = int(m[1]), int(m[2])
     mine = [k % count == index - 1 for k in range(len(items))]
     config.hook.pytest_deselected(items=[t for t, m in zip(items, mine) if not m])
     items[:] = [t for t, m in zip(items, mine) if m]
