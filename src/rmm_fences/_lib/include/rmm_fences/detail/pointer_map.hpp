@@ -56,24 +56,7 @@ class pointer_map {
 
   /// Inserts or replaces the value of `key`. May grow the table. Key 0 (the empty-slot marker,
   /// never an address handed out) throws std::invalid_argument and changes nothing.
-  void insert_or_assign(std::uintptr_t key, Value value)
-  {
-    if (key == 0) [[unlikely]] { throw_zero_key(); }
-    if (2 * (size_ + 1) > slots_.size()) { rehash(2 * slots_.size()); }
-    for (auto i = home(key);; i = next(i)) {
-      auto& s = slots_[i];
-      if (s.key == key) {
-        s.value = std::move(value);
-        return;
-      }
-      if (s.key == 0) {
-        s.key   = key;
-        s.value = std::move(value);
-        ++size_;
-        return;
-      }
-    }
-  }
+  void insert_or_assign(std::uintptr_t key, Value value) { find_or_insert(key) = std::move(value); }
 
   /**
    * @brief The value of `key`, inserted as `Value{}` when absent (every empty slot holds
