@@ -29,7 +29,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
 from asv_bodies import checkout_commit  # noqa: E402
-from footprint_breakdown import STREAM_BASE, TRACES, events_of  # noqa: E402
+from footprint_breakdown import STREAM_BASE, TRACES, events_of, log_names  # noqa: E402
 
 from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_bench.alloc_log import ALLOCATE  # noqa: E402
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_batch_frees < 1:
         parser.error(f"--max-batch-frees must be at least 1, got {args.max_batch_frees}")
-    names = args.logs or sorted(p.name[: -len(".csv.gz")] for p in args.traces.glob("*.csv.gz"))
+    names = args.logs or log_names(args.traces)
     print("\n".join(report(names, args.traces, args.max_batch_frees, args.max_batch_bytes)))
     return 0
 

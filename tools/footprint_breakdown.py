@@ -142,6 +142,11 @@ def live_peak_event(trace) -> int:
     return at
 
 
+def log_names(traces) -> list[str]:
+    """The logs recorded in the folder ``traces`` (``<name>.csv.gz``), by name, sorted."""
+    return sorted(p.name[: -len(".csv.gz")] for p in pathlib.Path(traces).glob("*.csv.gz"))
+
+
 def events_of(trace) -> list[tuple[int, int, int, int]]:
     """The log's events: (action, id, bytes, recorded stream)."""
     events = zip(trace.action.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream)
@@ -580,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         "holds then (default 1: not)",
     )
     args = parser.parse_args(argv)
-    names = args.logs or sorted(p.name[: -len(".csv.gz")] for p in args.traces.glob("*.csv.gz"))
+    names = args.logs or log_names(args.traces)
     breakdowns = [
         replay(name, args.traces, args.maximum_growth_size, args.passes) for name in names
     ]

@@ -42,6 +42,7 @@ from footprint_breakdown import (  # noqa: E402
     TRACES,
     events_of,
     gpu_footprints,
+    log_names,
     one_pass,
 )
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--passes {args.passes}: expected at least 8 (pass 4 and the last four)")
     if not 0.0 <= args.fraction <= 1.0:
         parser.error(f"--fraction {args.fraction}: expected a number within [0, 1]")
-    names = args.logs or sorted(p.name[: -len(".csv.gz")] for p in args.traces.glob("*.csv.gz"))
+    names = args.logs or log_names(args.traces)
     lines = report(
         names,
         args.traces,
