@@ -181,9 +181,11 @@ def pytest_collection_modifyitems(config, items):
     if not m or not 1 <= int(m[1]) <= int(m[2]):
         raise pytest.UsageError(f"RMM_FENCES_DS_SHARD must be I/N with 1 <= I <= N, got {shard!r}")
     index, count = int(m[1]), int(m[2])
-    mine = [k % count == index - 1 for k in range(len(items))]
-    config.hook.pytest_deselected(items=[t for t, m in zip(items, mine) if not m])
-    items[:] = [t for t, m in zip(items, mine) if m]
+    kept, others = [], []
+    for k, item in enumerate(items):
+        (kept if k % count == index - 1 else others).append(item)
+    config.hook.pytest_deselected(items=others)
+    items[:] = kept
 
 
 @pytest.hookimpl(tryfirst=True)
