@@ -339,6 +339,9 @@ def plan(args):
         name: {f for f in s["files"] if word and word.search((Path(s["path"]) / f).read_text())}
         for name, s in suites.items()
     }
+    size = {
+        (n, f): (Path(s["path"]) / f).stat().st_size for n, s in suites.items() for f in s["files"]
+    }
     for chain in [*chains, *conditional]:  # the table starts with the baseline
         where, env = table[chain]
         for name, suite in suites.items():
@@ -354,7 +357,7 @@ def plan(args):
                     }
                     if chain in conditional:
                         job["if_regressed"] = conditional[chain]
-                    shards = _shard_count(Path(suite["path"]) / f, args.shard_kib)
+                    shards = _shard_count(size[name, f], args.shard_kib)
                     if f not in marked[name]:
                         jobs += _shards(job, shards)
                         continue
@@ -372,18 +375,15 @@ def plan(args):
     # The longest files first (source size stands in for run time), the baselines before all:
     # a --deadline then cuts short files, and the chains reuse the kernels CuPy
     # compiled for the baselines.
-    size = {
-        (n, f): (Path(s["path"]) / f).stat().st_size for n, s in suites.items() for f in s["files"]
-    }
     jobs.sort(key=lambda j: (j["chain"] != "baseline", -size[j["suite"], j["file"]]))
     return suites, jobs
 
 
-def _shard_count(path, kib):
-    """How many shards the file at ``path`` runs as (1: whole) for ``--shard-kib``."""
+def _shard_count(nbytes, kib):
+    """How many shards a file of ``nbytes`` of source runs as (1: whole) for ``--shard-kib``."""
     if not kib:
         return 1
-    return max(1, math.ceil(path.stat().st_size / (kib * 1024)))
+    return max(1, math.ceil(nbytes / (kib * 1024)))
 
 
 def _shards(job, count):
