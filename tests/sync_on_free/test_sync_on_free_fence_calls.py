@@ -5,14 +5,12 @@ allocation logs, on its core over host memory (no GPU)."""
 import subprocess
 import sys
 
-from helpers.paths import ROOT, TOOLS
+from helpers.paths import TOOLS
 from helpers.scripts import load_script
-
-TRACES = ROOT / "asv_bench" / "traces"
 
 
 def _events(tool, name):
-    return tool.events_of(tool.read_allocation_log(TRACES / f"{name}.csv.gz"))
+    return tool.events_of(tool.read_allocation_log(tool.TRACES / f"{name}.csv.gz"))
 
 
 def test_the_cub_loop_records_almost_no_event_and_one_batch_per_free_records_one_per_free():
