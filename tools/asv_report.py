@@ -500,16 +500,17 @@ def render_torch_training(path, rel, options):
 
 def render_downstream(path, rel, options):
     """The counts table of a ``make downstream`` summary.md (without its suite column; option
-    ``suite=NAME``: that suite's rows alone, where the run holds several), and the run's commit
-    and versions from the line under its title."""
+    ``suite=NAME``: that suite's rows alone, where the run holds several), and the run's commit,
+    versions, GPU and driver from the line under its title."""
     text = path.read_text()
     lines = text.splitlines()
     meta = _env_meta(rel, None)
     stamp_line = next((x for x in lines if "commit `" in x), "")
-    m = re.search(r"commit `([0-9a-f]+)([^`]*)`; (.*)$", stamp_line)
+    m = re.search(r"commit `([0-9a-f]+)([^`]*)`; (.*?)(?:; GPU (.+), driver (\S+))?$", stamp_line)
     if m:
         meta["commit"] = m.group(1)[:8] + m.group(2)
         meta["versions"] = m.group(3)
+        meta["gpu"], meta["driver"] = m.group(4), m.group(5)
     start = next(i for i, x in enumerate(lines) if x.startswith("| suite |"))
     rows = []
     for x in lines[start:]:

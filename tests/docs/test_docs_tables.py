@@ -223,3 +223,24 @@ def test_downstream_table_of_one_suite_keeps_that_suites_rows(tmp_path):
     ]
     _, every = r.render_downstream(path, "s.md", {})
     assert len(every.splitlines()) == 5
+
+
+def test_downstream_table_names_the_gpu_and_driver_of_its_run(tmp_path):
+    """The summary's line names the GPU and driver: the header gives them as such, not among
+    the package versions (a summary without them keeps 'GPU and driver not recorded')."""
+    r = renderer()
+    path = tmp_path / "summary.md"
+    table = "| suite | chain | passed |\n|---|---|---:|\n| a | baseline | 5 |\n"
+    path.write_text(
+        "# run\n\nx; rmm_fences commit `0123abcd`; python 3, cudf 26.10.2; "
+        "GPU NVIDIA H200, driver 580.159.04\n\n" + table
+    )
+    meta, _ = r.render_downstream(path, "s.md", {})
+    assert (meta["gpu"], meta["driver"], meta["versions"]) == (
+        "NVIDIA H200",
+        "580.159.04",
+        "python 3, cudf 26.10.2",
+    )
+    path.write_text("# run\n\nx; rmm_fences commit `0123abcd`; python 3\n\n" + table)
+    meta, _ = r.render_downstream(path, "s.md", {})
+    assert (meta["gpu"], meta["versions"]) == (None, "python 3")

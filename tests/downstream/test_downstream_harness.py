@@ -613,3 +613,33 @@ def test_chain_resource_builds_the_chain_in_a_spawned_process(monkeypatch):
     monkeypatch.setenv("RMM_FENCES_DS_CHAIN", "")
     with pytest.raises(RuntimeError, match="RMM_FENCES_DS_CHAIN is empty"):
         plugin.chain_resource()
+
+
+def test_the_summary_names_the_gpu_and_the_rapids_versions(tmp_path, monkeypatch):
+    """The line under the title names the GPU and driver nvidia-smi reports, and cuDF's,
+    cudf-polars' and Polars' versions where the suites' processes have them; without
+    nvidia-smi the device is {} and the line names none (fails on a harness that recorded
+    neither)."""
+    run = _load_run()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 580.159.04'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    assert run.device() == {"gpu": "NVIDIA H200", "driver": "580.159.04"}
+    summary = {
+        "generated": "2026-12-05T00:00:00+00:00",
+        "commit": "0123abcd",
+        "versions": {"python": "3.12.3", "rmm": "26.10.00", "cudf": "26.10.2", "polars": "1.44.2"},
+        "device": run.device(),
+        "results": {},
+        "suites": {},
+    }
+    line = run.markdown(summary).splitlines()[2]
+    assert line.endswith(
+        "python 3.12.3, rmm 26.10.00, cudf 26.10.2, polars 1.44.2; "
+        "GPU NVIDIA H200, driver 580.159.04"
+    )
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert run.device() == {}
+    assert "GPU" not in run.markdown({**summary, "device": run.device()}).splitlines()[2]
