@@ -616,30 +616,43 @@ def test_chain_resource_builds_the_chain_in_a_spawned_process(monkeypatch):
 
 
 def test_the_summary_names_the_gpu_and_the_rapids_versions(tmp_path, monkeypatch):
-    """The line under the title names the GPU and driver nvidia-smi reports, and cuDF's,
-    cudf-polars' and Polars' versions where the suites' processes have them; without
-    nvidia-smi the device is {} and the line names none (fails on a harness that recorded
-    neither)."""
+    """The versions probe takes the GPU and driver from rmm_fences' own ``environment()`` (as
+    every data file does) and cuDF's version from its metadata, in the suites' environment; the
+    line under the title names them, and names no GPU where the probe found none (fails on a
+    harness that recorded neither)."""
     run = _load_run()
-    smi = tmp_path / "bin" / "nvidia-smi"
-    smi.parent.mkdir()
-    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 580.159.04'\n")
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
-    assert run.device() == {"gpu": "NVIDIA H200", "driver": "580.159.04"}
+    stub = tmp_path / "stub"
+    (stub / "rmm_fences").mkdir(parents=True)
+    (stub / "rmm_fences" / "__init__.py").write_text("__version__ = '9.9'\n")
+    (stub / "rmm_fences" / "_cuda.py").write_text(
+        "def environment():\n"
+        "    return {'gpu': 'NVIDIA H200', 'driver': '580.159.04', 'cuda_driver_api': 13000}\n"
+    )
+    (stub / "cudf").mkdir()
+    (stub / "cudf" / "__init__.py").write_text("")
+    dist = stub / "cudf_cu13-26.10.2.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cudf-cu13\nVersion: 26.10.2\n")
+    (dist / "top_level.txt").write_text("cudf\n")
+    monkeypatch.setenv("PYTHONPATH", str(stub))
+    v = run.versions(tmp_path)
+    assert (v["rmm_fences"], v["gpu"], v["driver"], v["cudf"]) == (
+        "9.9",
+        "NVIDIA H200",
+        "580.159.04",
+        "26.10.2",
+    )
     summary = {
         "generated": "2026-12-05T00:00:00+00:00",
         "commit": "0123abcd",
         "versions": {"python": "3.12.3", "rmm": "26.10.00", "cudf": "26.10.2", "polars": "1.44.2"},
-        "device": run.device(),
         "results": {},
         "suites": {},
     }
-    line = run.markdown(summary).splitlines()[2]
+    gpu = {"gpu": "NVIDIA H200", "driver": "580.159.04"}
+    line = run.markdown({**summary, "versions": {**summary["versions"], **gpu}}).splitlines()[2]
     assert line.endswith(
         "python 3.12.3, rmm 26.10.00, cudf 26.10.2, polars 1.44.2; "
         "GPU NVIDIA H200, driver 580.159.04"
     )
-    monkeypatch.setenv("PATH", str(tmp_path / "none"))
-    assert run.device() == {}
-    assert "GPU" not in run.markdown({**summary, "device": run.device()}).splitlines()[2]
+    assert "GPU" not in run.markdown(summary).splitlines()[2]

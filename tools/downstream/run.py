@@ -608,7 +608,6 @@ def run_all(args):
         "jobs": jobs,
         "fake": os.environ.get("RMM_FENCES_DS_FAKE", "") == "1",
         "versions": versions(out),
-        "device": device(),
         "commit": commit(),
     }
     (out / "run.json").write_text(json.dumps(run, indent=1))
@@ -678,15 +677,19 @@ def run_all(args):
 
 
 def versions(cwd):
-    """python, rmm, cupy and rmm_fences as the suites' processes see them (same PYTHONPATH), and
-    cuDF, cudf-polars and Polars where installed (from their metadata: importing cuDF here
-    would meet what the plugin works around)."""
+    """python, rmm, cupy and rmm_fences as the suites' processes see them (same PYTHONPATH), the
+    GPU and driver as rmm_fences' ``environment()`` reads them for every data file, and cuDF,
+    cudf-polars and Polars where installed (from their metadata: importing cuDF here would meet
+    what the plugin works around)."""
     probe = (
         "import json, sys\nimport importlib.metadata as md\n"
         "out = {'python': sys.version.split()[0]}\n"
         "for m in ('rmm', 'cupy', 'rmm_fences'):\n"
         "    try:\n        out[m] = getattr(__import__(m), '__version__', '?')\n"
         "    except Exception as e:\n        out[m] = f'not importable: {e!r}'[:300]\n"
+        "try:\n    from rmm_fences._cuda import environment\n"
+        "    e = environment()\n    out.update(gpu=e['gpu'], driver=e['driver'])\n"
+        "except Exception:\n    pass\n"
         "dists = md.packages_distributions()\n"
         "for m in ('cudf', 'cudf_polars', 'polars'):\n"
         "    for d in dists.get(m, [])[:1]:\n        out[m] = md.version(d)\n"
@@ -704,21 +707,6 @@ def versions(cwd):
         return json.loads(r.stdout.strip().splitlines()[-1])
     except Exception as exc:  # noqa: BLE001 - a report without versions is still a report
         return {"error": repr(exc)[:300]}
-
-
-def device():
-    """The GPU the suites ran on and its driver, from nvidia-smi ({} where there is none)."""
-    try:
-        r = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        name, driver = (x.strip() for x in r.stdout.splitlines()[0].split(","))
-        return {"gpu": name, "driver": driver}
-    except Exception:  # noqa: BLE001 - no GPU, no nvidia-smi, or an answer of another shape
-        return {}
 
 
 def commit():
@@ -1025,10 +1013,7 @@ def report(out):
     summary = {
         "generated": _now(),
         "out": str(out),
-        **{
-            k: run.get(k)
-            for k in ("started", "argv", "fake", "commit", "versions", "device", "suites")
-        },
+        **{k: run.get(k) for k in ("started", "argv", "fake", "commit", "versions", "suites")},
         "results": results,
         "exit_code": int(failing),
     }
@@ -1095,7 +1080,7 @@ def markdown(s):
         "",
         f"{s['generated']}; rmm_fences commit `{s.get('commit')}`; "
         + ", ".join(f"{k} {v[k]}" for k in VERSIONS_SHOWN if k in v)
-        + ("; GPU {gpu}, driver {driver}".format(**s["device"]) if s.get("device") else "")
+        + ("; GPU {gpu}, driver {driver}".format(**v) if v.get("gpu") and v.get("driver") else "")
         + ("; **fake run (RMM_FENCES_DS_FAKE=1)**" if s.get("fake") else ""),
         "",
         "| suite | chain | passed | failed | errors | skipped | regressions | not under its rmm "
