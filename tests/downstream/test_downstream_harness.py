@@ -350,6 +350,52 @@ def test_a_long_file_runs_in_shards_that_cover_each_test_once(suite, tmp_path):
         assert results[chain]["counts"]["passed"] == passed and not results[chain]["files_pending"]
 
 
+def test_a_file_named_in_shards_runs_as_that_many(tmp_path):
+    """--shards FILE=N splits a file however small its source (a suite's own file first),
+    and a bad value is a usage error naming the option and the form it takes."""
+    run = _load_run()
+    for name in ("a", "b"):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "test_x.py").write_text("def test_x(): pass\n")
+        (root / "test_y.py").write_text("def test_y(): pass\n")
+    argv = ["--suite", f"a={tmp_path / 'a'}", "--suite", f"b={tmp_path / 'b'}", "--out", "x"]
+    argv += ["--only-baseline", "--shards", "test_x.py=2", "--shards", "b:test_x.py=3"]
+    _, jobs = run.plan(run.parse_args(argv))
+    parts = sorted((j["suite"], j["part"]) for j in jobs)
+    assert parts == [
+        ("a", "test_x.py [shard 1/2]"),
+        ("a", "test_x.py [shard 2/2]"),
+        ("a", "test_y.py"),
+        ("b", "test_x.py [shard 1/3]"),
+        ("b", "test_x.py [shard 2/3]"),
+        ("b", "test_x.py [shard 3/3]"),
+        ("b", "test_y.py"),
+    ]
+    for bad in ("test_x.py", "test_x.py=0", "=2", "test_x.py=two"):
+        r = harness("--suite", f"a={tmp_path / 'a'}", "--out", tmp_path / "o", "--shards", bad)
+        assert r.returncode == 2
+        assert f"--shards {bad!r}: expected [SUITE:]FILE=N with N >= 1" in r.stderr
+
+
+def test_deadline_starts_no_file_an_earlier_run_says_cannot_finish(suite, tmp_path):
+    """With --deadline, a file whose earlier run in OUT (the baseline's) took longer than the
+    time left is not started, where it used to start and be stopped at the deadline; a short
+    file still runs in that time."""
+    (suite / "test_slow.py").write_text(textwrap.dedent(SLOW))  # 10 s
+    out = tmp_path / "out"
+    files = ("--files", "test_pass.py", "test_slow.py")
+    first = run_fake(suite, out, *files, "--only-baseline", "--jobs", 2)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = run_fake(
+        suite, out, *files, "--chain", "pool=x", "--resume", "--jobs", 2, "--deadline", 12
+    )
+    assert "not started: fake pool test_slow.py would take about" in again.stderr
+    assert "not started: fake pool test_pass.py" not in again.stderr
+    entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]
+    assert entry["files_pending"] == ["test_slow.py"] and entry["counts"]["passed"] == 3
+
+
 @pytest.mark.parametrize("shard", ["3/2", "0/2", "x"])
 def test_a_bad_shard_stops_pytest_with_a_usage_error(suite, shard):
     env = dict(

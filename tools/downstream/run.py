@@ -34,7 +34,11 @@ same OUT runs only what is unfinished (after an interrupted run too); ``--cupy-c
 keeps CuPy's compiled kernels in DIR, so that a later run does not compile them again. A file
 that runs longer than such a part never finishes: ``--shard-kib KIB`` splits each file larger
 than KIB KiB of source into shards, one process each running every n-th of its tests
-(``OUT/<suite>/<chain>/<file>@shard<i>of<n>.*``, reported as ``<file> [shard i/n]``).
+(``OUT/<suite>/<chain>/<file>@shard<i>of<n>.*``, reported as ``<file> [shard i/n]``), and
+``--shards [SUITE:]FILE=N`` sets the count of one file whose source size says little of its run
+time. With ``--deadline``, a file that an earlier run in OUT (any chain) says cannot finish in
+the time left is not started: the time goes to shorter files instead of to a process that
+would be stopped.
 
 After the chains, rmm's own resources under the same allocators (the references: CudaAsync
 for the pool and the tracker, rmm's pool for SyncOnFree) run on the files where a chain
@@ -218,6 +222,17 @@ def parse_args(argv):
         ),
     )
     p.add_argument(
+        "--shards",
+        action="append",
+        default=[],
+        metavar="[SUITE:]FILE=N",
+        help=(
+            "run FILE (relative to its suite's folder; of every suite without SUITE:) as N "
+            "shards, whatever --shard-kib says: for a file whose run time its size "
+            "understates (repeatable)"
+        ),
+    )
+    p.add_argument(
         "--no-retry-alone",
         dest="retry_alone",
         action="store_false",
@@ -280,7 +295,23 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.report_only is None and (not args.suite or args.out is None):
         p.error("--suite and --out are required (or --report-only OUT)")
+    try:
+        args.shard_counts = parse_shards(args.shards)
+    except ValueError as e:
+        p.error(str(e))
     return args
+
+
+def parse_shards(items):
+    """``--shards`` values as {(suite or None, file): count}; ValueError names a bad one."""
+    counts = {}
+    for item in items:
+        where, _, n = item.rpartition("=")
+        suite, _, file = where.rpartition(":") if ":" in where else ("", "", where)
+        if not file or not n.isdigit() or int(n) < 1:
+            raise ValueError(f"--shards {item!r}: expected [SUITE:]FILE=N with N >= 1")
+        counts[suite or None, file] = int(n)
+    return counts
 
 
 def plan(args):
@@ -357,7 +388,9 @@ def plan(args):
                     }
                     if chain in conditional:
                         job["if_regressed"] = conditional[chain]
-                    shards = _shard_count(size[name, f], args.shard_kib)
+                    shards = args.shard_counts.get(
+                        (name, f), args.shard_counts.get((None, f))
+                    ) or _shard_count(size[name, f], args.shard_kib)
                     if f not in marked[name]:
                         jobs += _shards(job, shards)
                         continue
@@ -451,11 +484,40 @@ def _left(args):
     return None if args.deadline is None else args.deadline - (time.monotonic() - _T0)
 
 
+# A chain's run of a file takes up to this many times its fastest finished run in OUT (the
+# RAPIDS suites under the chains took 1.35x-1.5x their baselines beside 12 other processes).
+EXPECTED_MARGIN = 1.5
+
+
+def expected_seconds(out):
+    """{(suite, part): seconds} a run of each part is expected to take: ``EXPECTED_MARGIN``
+    times its longest finished run in ``out`` under any chain (a file stopped by its own
+    timeout counts with that timeout)."""
+    took = {}
+    for path in Path(out).glob("*/*/*.meta.json"):
+        try:
+            meta = json.loads(path.read_text())
+            key, wall = (meta["suite"], meta["part"]), float(meta["wall_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        took[key] = max(took.get(key, 0.0), wall)
+    return {key: wall * EXPECTED_MARGIN for key, wall in took.items()}
+
+
 def run_job(job, suites, out, args):
     base, root = out / job["base"], suites[job["suite"]]["path"]
     left = _left(args)
     if left is not None and left < 1:
         return None  # past the deadline: not started, left for --resume
+    expected = args.expected.get((job["suite"], job["part"]))
+    if left is not None and expected is not None and expected > left:
+        print(
+            f"not started: {job['suite']} {job['chain']} {job['part']} would take about "
+            f"{expected:.0f} s, {left:.0f} s left before the deadline",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None  # it would be stopped: left for a --resume with the time it needs
     base.parent.mkdir(parents=True, exist_ok=True)
     for ext in RUN_FILES:
         Path(f"{base}{ext}").unlink(missing_ok=True)
@@ -601,6 +663,7 @@ def run_all(args):
             file=sys.stderr,
         )
         todo = left
+    args.expected = expected_seconds(out) if args.deadline is not None else {}
     run = {
         "argv": sys.argv,
         "started": _now(),
