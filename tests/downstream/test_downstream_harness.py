@@ -383,17 +383,37 @@ def test_deadline_starts_no_file_an_earlier_run_says_cannot_finish(suite, tmp_pa
     time left is not started, where it used to start and be stopped at the deadline; a short
     file still runs in that time."""
     (suite / "test_slow.py").write_text(textwrap.dedent(SLOW))  # 10 s
+    # 4 s, and the largest source, so that it runs first (the longest files first)
+    wait = "import time\n\ndef test_wait():\n    time.sleep(4)\n" + "#" * 4000 + "\n"
+    (suite / "test_wait.py").write_text(wait)
     out = tmp_path / "out"
-    files = ("--files", "test_pass.py", "test_slow.py")
-    first = run_fake(suite, out, *files, "--only-baseline", "--jobs", 2)
+    files = ("--files", "test_pass.py", "test_slow.py", "test_wait.py")
+    first = run_fake(suite, out, *files, "--only-baseline", "--jobs", 3)
     assert first.returncode == 0, first.stdout + first.stderr
+    # one at a time: test_slow (about 15 s expected, at most 17.1 s counted) comes after
+    # test_wait has taken some 5 s of the 19
     again = run_fake(
-        suite, out, *files, "--chain", "pool=x", "--resume", "--jobs", 2, "--deadline", 12
+        suite, out, *files, "--chain", "pool=x", "--resume", "--jobs", 1, "--deadline", 19
     )
     assert "not started: fake pool test_slow.py would take about" in again.stderr
     assert "not started: fake pool test_pass.py" not in again.stderr
     entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["pool"]
-    assert entry["files_pending"] == ["test_slow.py"] and entry["counts"]["passed"] == 3
+    assert entry["files_pending"] == ["test_slow.py"] and entry["counts"]["passed"] == 4
+
+
+@pytest.mark.parametrize(
+    ("expected", "left", "starts"),
+    [
+        (None, 10, True),  # never ran: no estimate
+        (50, None, True),  # no deadline
+        (50, 60, True),
+        (50, 40, False),  # would be stopped
+        (200, 95, True),  # longer than any part of a 100 s run: at its start, tried
+        (200, 80, False),  # but not later in it
+    ],
+)
+def test_a_file_starts_when_it_fits_or_could_never_fit(expected, left, starts):
+    assert _load_run().fits(expected, left, 100) is starts
 
 
 @pytest.mark.parametrize("shard", ["3/2", "0/2", "x"])

@@ -38,7 +38,7 @@ than KIB KiB of source into shards, one process each running every n-th of its t
 ``--shards [SUITE:]FILE=N`` sets the count of one file whose source size says little of its run
 time. With ``--deadline``, a file that an earlier run in OUT (any chain) says cannot finish in
 the time left is not started: the time goes to shorter files instead of to a process that
-would be stopped.
+would be stopped (one expected to outlast a whole part starts only at a part's start).
 
 After the chains, rmm's own resources under the same allocators (the references: CudaAsync
 for the pool and the tracker, rmm's pool for SyncOnFree) run on the files where a chain
@@ -504,13 +504,23 @@ def expected_seconds(out):
     return {key: wall * EXPECTED_MARGIN for key, wall in took.items()}
 
 
+def fits(expected, left, deadline):
+    """Whether a file expected to take ``expected`` seconds (None: unknown) starts with
+    ``left`` seconds before the deadline. One expected to outlast a whole part of the run
+    (90% of ``deadline``) starts only in the first tenth of one, so that it is not put off for
+    ever."""
+    if left is None or expected is None:
+        return True
+    return min(expected, 0.9 * deadline) <= left
+
+
 def run_job(job, suites, out, args):
     base, root = out / job["base"], suites[job["suite"]]["path"]
     left = _left(args)
     if left is not None and left < 1:
         return None  # past the deadline: not started, left for --resume
     expected = args.expected.get((job["suite"], job["part"]))
-    if left is not None and expected is not None and expected > left:
+    if not fits(expected, left, args.deadline):
         print(
             f"not started: {job['suite']} {job['chain']} {job['part']} would take about "
             f"{expected:.0f} s, {left:.0f} s left before the deadline",
