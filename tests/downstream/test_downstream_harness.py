@@ -378,6 +378,34 @@ def test_a_file_named_in_shards_runs_as_that_many(tmp_path):
         assert f"--shards {bad!r}: expected [SUITE:]FILE=N with N >= 1" in r.stderr
 
 
+def test_a_sample_runs_the_same_tests_under_every_chain(suite, tmp_path):
+    """--sample K/N: each file runs the first K of every N of its collected tests, the same
+    ones as the baseline under the chain (with shards, the sample is split), so that a test
+    left out is neither a regression nor counted; a bad value is a usage error."""
+    out = tmp_path / "out"
+    files = ("--files", "test_pass.py", "test_chain_fail.py")
+    split = ("--sample", "fake:2/3", "--shards", "test_pass.py=2")
+    r = run_fake(suite, out, *files, *split, "--chain", "pool=x")
+    assert r.returncode == 1, r.stdout + r.stderr  # test_fails_with_chain: second of 2, kept
+    results = json.loads((out / "summary.json").read_text())["results"]["fake"]
+    parts = [f"test_pass.py [sample 2/3] [shard {i}/2]" for i in (1, 2)]
+    assert results["pool"]["parts_done"] == sorted([*parts, "test_chain_fail.py [sample 2/3]"])
+    ran = {}
+    for chain in ("baseline", "pool"):
+        for i in (1, 2):
+            xml = out / "fake" / chain / f"test_pass@sample2of3@shard{i}of2.xml"
+            ran.setdefault(chain, []).extend(c.get("name") for c in ET.parse(xml).iter("testcase"))
+    # collected: test_a, test_skipped, test_xfail, test_p[1], test_p[2]; kept: 0, 1, 3, 4
+    kept = ["test_a", "test_p[1]", "test_p[2]", "test_skipped"]
+    assert sorted(ran["baseline"]) == sorted(ran["pool"]) == kept
+    [regression] = results["pool"]["regressions"]
+    assert regression["test"] == "test_chain_fail.py::test_fails_with_chain"
+    for bad in ("0/2", "3/2", "fake:x", "1/0"):
+        r = run_fake(suite, tmp_path / "o", "--sample", bad)
+        assert r.returncode == 2
+        assert f"--sample {bad!r}: expected [SUITE:]K/N with 1 <= K <= N" in r.stderr
+
+
 def test_deadline_starts_no_file_an_earlier_run_says_cannot_finish(suite, tmp_path):
     """With --deadline, a file whose earlier run in OUT (the baseline's) took longer than the
     time left is not started, where it used to start and be stopped at the deadline; a short

@@ -32,6 +32,9 @@ Environment:
     ``I/N``: run only the I-th of N shards of the collected tests (every N-th test from the
     I-th, after every other hook's selection): the harness splits a long file into processes
     that a deadline stops one at a time.
+``RMM_FENCES_DS_SAMPLE``
+    ``K/N``: run only the first K of every N collected tests (before the shard's selection):
+    the harness's ``--sample``, the same tests under every chain.
 ``RMM_FENCES_DS_FAKE``
     ``1``: build and install nothing (no chain, no CuPy allocator, no rmm or cupy import), only
     log as above; the harness's CPU tests (``tests/downstream/test_downstream_harness.py``) run
@@ -174,18 +177,25 @@ def _route_cudf_polars():
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    shard = os.environ.get("RMM_FENCES_DS_SHARD", "")
-    if not shard:
-        return
-    m = re.fullmatch(r"(\d+)/(\d+)", shard)
+    kept = _select(items, "RMM_FENCES_DS_SAMPLE", lambda k, i, n: k % n < i)
+    kept = _select(kept, "RMM_FENCES_DS_SHARD", lambda k, i, n: k % n == i - 1)
+    if len(kept) < len(items):
+        chosen = set(map(id, kept))
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in chosen])
+        items[:] = kept
+
+
+def _select(items, variable, keep):
+    """The items whose position ``k`` passes ``keep(k, I, N)`` for ``variable``'s I/N; all of
+    them where it is unset."""
+    value = os.environ.get(variable, "")
+    if not value:
+        return list(items)
+    m = re.fullmatch(r"(\d+)/(\d+)", value)
     if not m or not 1 <= int(m[1]) <= int(m[2]):
-        raise pytest.UsageError(f"RMM_FENCES_DS_SHARD must be I/N with 1 <= I <= N, got {shard!r}")
+        raise pytest.UsageError(f"{variable} must be I/N with 1 <= I <= N, got {value!r}")
     index, count = int(m[1]), int(m[2])
-    kept, others = [], []
-    for k, item in enumerate(items):
-        (kept if k % count == index - 1 else others).append(item)
-    config.hook.pytest_deselected(items=others)
-    items[:] = kept
+    return [item for k, item in enumerate(items) if keep(k, index, count)]
 
 
 @pytest.hookimpl(tryfirst=True)

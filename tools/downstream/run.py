@@ -36,9 +36,13 @@ that runs longer than such a part never finishes: ``--shard-kib KIB`` splits eac
 than KIB KiB of source into shards, one process each running every n-th of its tests
 (``OUT/<suite>/<chain>/<file>@shard<i>of<n>.*``, reported as ``<file> [shard i/n]``), and
 ``--shards [SUITE:]FILE=N`` sets the count of one file whose source size says little of its run
-time. With ``--deadline``, a file that an earlier run in OUT (any chain) says cannot finish in
-the time left is not started: the time goes to shorter files instead of to a process that
-would be stopped (one expected to outlast a whole part starts only at a part's start).
+time. ``--sample [SUITE:]K/N`` runs, in every file (of SUITE, or of every suite), only the first
+K of every N of its collected tests, the same tests under every chain: a selection of a suite
+too long for the time there is (``OUT/<suite>/<chain>/<file>@sampleKofN.*``, reported as
+``<file> [sample K/N]``). With ``--deadline``, a file that an earlier run in OUT (any chain)
+says cannot finish in the time left is not started: the time goes to shorter files instead
+of to a process that would be stopped (one expected to outlast a whole part starts only at a
+part's start).
 
 After the chains, rmm's own resources under the same allocators (the references: CudaAsync
 for the pool and the tracker, rmm's pool for SyncOnFree) run on the files where a chain
@@ -233,6 +237,16 @@ def parse_args(argv):
         ),
     )
     p.add_argument(
+        "--sample",
+        action="append",
+        default=[],
+        metavar="[SUITE:]K/N",
+        help=(
+            "in each file (of SUITE; of every suite without SUITE:) run only the first K of "
+            "every N collected tests, the same ones under every chain (repeatable)"
+        ),
+    )
+    p.add_argument(
         "--no-retry-alone",
         dest="retry_alone",
         action="store_false",
@@ -297,6 +311,7 @@ def parse_args(argv):
         p.error("--suite and --out are required (or --report-only OUT)")
     try:
         args.shard_counts = parse_shards(args.shards)
+        args.samples = parse_samples(args.sample)
     except ValueError as e:
         p.error(str(e))
     return args
@@ -312,6 +327,18 @@ def parse_shards(items):
             raise ValueError(f"--shards {item!r}: expected [SUITE:]FILE=N with N >= 1")
         counts[suite or None, file] = int(n)
     return counts
+
+
+def parse_samples(items):
+    """``--sample`` values as {suite or None: "K/N"}; ValueError names a bad one."""
+    samples = {}
+    for item in items:
+        suite, _, fraction = item.rpartition(":")
+        m = re.fullmatch(r"(\d+)/(\d+)", fraction)
+        if not m or not 1 <= int(m[1]) <= int(m[2]):
+            raise ValueError(f"--sample {item!r}: expected [SUITE:]K/N with 1 <= K <= N")
+        samples[suite or None] = f"{int(m[1])}/{int(m[2])}"
+    return samples
 
 
 def plan(args):
@@ -388,6 +415,11 @@ def plan(args):
                     }
                     if chain in conditional:
                         job["if_regressed"] = conditional[chain]
+                    if sample := args.samples.get(name, args.samples.get(None)):
+                        k, n = sample.split("/")
+                        job["sample"] = sample
+                        job["part"] += f" [sample {sample}]"
+                        job["base"] += f"@sample{k}of{n}"
                     shards = args.shard_counts.get(
                         (name, f), args.shard_counts.get((None, f))
                     ) or _shard_count(size[name, f], args.shard_kib)
@@ -436,8 +468,8 @@ def _shards(job, count):
 
 
 def _file_key(job):
-    """What a job runs, whatever its shards: (suite, chain, file, mark)."""
-    return job["suite"], job["chain"], job["file"], job.get("mark")
+    """What a job runs, whatever its shards: (suite, chain, file, mark, sample)."""
+    return job["suite"], job["chain"], job["file"], job.get("mark"), job.get("sample")
 
 
 def is_reference(chain):
@@ -559,6 +591,8 @@ def run_job(job, suites, out, args):
         extra["RMM_FENCES_DS_RAPIDS"] = "1"
     if job.get("shard"):
         extra["RMM_FENCES_DS_SHARD"] = job["shard"]
+    if job.get("sample"):
+        extra["RMM_FENCES_DS_SAMPLE"] = job["sample"]
     if args.cupy_cache is not None:
         extra["CUPY_CACHE_DIR"] = str(args.cupy_cache.resolve())
     env = child_env(extra)
