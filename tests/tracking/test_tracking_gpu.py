@@ -24,6 +24,7 @@ from rmm_fences import (
 )
 from rmm_fences.unsafe import NaiveCachingMemoryResource
 
+from helpers.children import child_env
 from helpers.paths import SANITIZER_CHILD
 from helpers.threads import run_threads
 
@@ -345,6 +346,84 @@ def test_device_buffers_cupy_and_stacks(cupy):
         cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
         rmm.mr.set_current_device_resource(rmm.mr.CudaMemoryResource())
     mr.check()
+
+
+#: A child process: the tracker with capture_stacks over the pool, asked for stacks at once by
+#: C++ threads that have no Python thread state (rmm_fences_bench.threaded_alloc_free, without
+#: the GIL), by a Python thread, and by an asyncio loop whose callbacks allocate through C with
+#: no Python frame of their own (functools.partial of rmm.DeviceBuffer: the innermost frame is
+#: the loop's, as on cudf-polars' streaming-engine threads).
+STACKS_ON_EVERY_KIND_OF_THREAD = r"""
+import asyncio, functools, json, sys, threading
+import cupy, rmm
+from rmm_fences import HazardTrackingResourceAdaptor, StreamOrderedPoolMemoryResource
+from rmm_fences_bench import threaded_alloc_free
+
+mr = HazardTrackingResourceAdaptor(
+    StreamOrderedPoolMemoryResource(rmm.mr.CudaMemoryResource()),
+    capture_stacks=True,
+    on_hazard="raise",
+)
+stop, counts = threading.Event(), {"python": 0, "loop": 0}
+
+def python_thread():
+    while not stop.is_set():
+        buf = rmm.DeviceBuffer(size=4096, mr=mr)
+        del buf
+        counts["python"] += 1
+
+def loop_thread():
+    loop = asyncio.new_event_loop()
+
+    def tick():
+        counts["loop"] += 1
+        if stop.is_set():
+            loop.stop()
+            return
+        loop.call_soon(functools.partial(rmm.DeviceBuffer, size=8192, mr=mr))
+        loop.call_soon(tick)
+
+    loop.call_soon(tick)
+    loop.run_forever()
+    loop.close()
+
+threads = [threading.Thread(target=python_thread), threading.Thread(target=loop_thread)]
+for t in threads:
+    t.start()
+streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
+iterations = int(sys.argv[1])
+threaded_alloc_free(mr, 1 << 20, iterations, streams)
+stop.set()
+for t in threads:
+    t.join()
+for s in streams:
+    s.synchronize()
+mr.check()
+print(json.dumps({**counts, "stats": dict(mr.stats), "outstanding": len(mr.outstanding())}))
+"""
+
+
+def test_stacks_are_captured_on_native_python_and_event_loop_threads_at_once():
+    """capture_stacks asks each allocating thread for its Python frames: C++ threads with no
+    Python thread state, a Python thread and an asyncio loop's callbacks at the same time. A run
+    of cudf-polars' tests under the tracker with capture_stacks died with SIGSEGV on a thread of
+    its streaming engine: here a crash is the child's exit code, and every pair is counted."""
+    iterations = 20_000
+    res = subprocess.run(
+        [sys.executable, "-c", STACKS_ON_EVERY_KIND_OF_THREAD, str(iterations)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(),
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["python"] > 0 and out["loop"] > 0, out
+    stats = out["stats"]
+    native = 4 * iterations
+    assert stats["allocations"] >= native + out["python"], out
+    assert stats["allocations"] == stats["deallocations"] and out["outstanding"] == 0, out
+    assert stats["hazards"] == 0 and stats["allocated_bytes"] == 0, out
 
 
 def test_report_lists_leaks_as_text_and_json(cupy):
