@@ -20,6 +20,7 @@ import sys
 import warnings
 import weakref
 
+from cpython.ref cimport PyObject
 from cython.operator cimport dereference as deref
 from libc.stddef cimport size_t
 from libc.stdint cimport uint64_t, uintptr_t
@@ -753,18 +754,38 @@ The stream-ordered pool over device pages it maps itself (CUDA's virtual memory
         return deref(self.c_obj).stats()
 
 
-cdef cbool _python_stack(string& out) noexcept with gil:
-    """The calling thread's Python frames (innermost last), if it has any."""
-    try:
-        frame = sys._getframe(0)
-    except ValueError:
-        return False
+cdef extern from "Python.h":
+    ctypedef struct PyFrameObject:
+        pass
+    PyFrameObject* PyEval_GetFrame()  # borrowed; the first complete frame of this thread, or NULL
+
+
+def _python_frames(*_ignored):
+    """The calling thread's Python frames as text (innermost last; None where it has none), as
+    ``capture_stacks`` records them: up to 32, without source lookups (cheap on every call).
+
+    From the first complete frame (``PyEval_GetFrame``), not ``sys._getframe(0)``: called from C
+    while Python tears down the frame of a function that C called, CPython 3.12 and later have
+    that call's entry frame current, and ``sys._getframe(0)`` builds a frame object from its
+    uninitialized fields (a frame named ``<interpreter trampoline>``, or a crash)."""
+    cdef PyFrameObject* top = PyEval_GetFrame()
+    if top == NULL:
+        return None
+    frame = <object><PyObject*>top
     lines = []
-    while frame is not None and len(lines) < 32:  # no source lookup: cheap on every call
+    while frame is not None and len(lines) < 32:
         code = frame.f_code
         lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}')
         frame = frame.f_back
-    out = "\n".join(reversed(lines)).encode()
+    return "\n".join(reversed(lines))
+
+
+cdef cbool _python_stack(string& out) noexcept with gil:
+    """The calling thread's Python frames (innermost last), if it has any."""
+    text = _python_frames()
+    if not text:
+        return False
+    out = text.encode()
     return True
 
 
