@@ -9,9 +9,12 @@
 # .downstream/rmm-tests. cudf (when installed, or CUDF_VERSION given): tag vYY.MM.PP, else
 # release/YY.MM, main of NVIDIA/cudf; python/cudf/cudf/tests becomes .downstream/cudf-tests and
 # python/cudf_polars/tests .downstream/cudf-polars/tests, each beside a pyproject.toml holding
-# only its package's [tool.pytest.ini_options] (warnings as errors, strict xfail). Shallow, sparse clones; what was fetched (ref and commit) is printed and
-# written to .downstream/SOURCES. PYTHON: the interpreter that reads the versions (python3);
-# DEST: the folder (.downstream); CUPY_REPO, RMM_REPO, CUDF_REPO: the git URLs (GitHub's).
+# only its package's [tool.pytest.ini_options] (warnings as errors, strict xfail). Shallow,
+# sparse clones; what was fetched (ref and commit) is printed and written to
+# .downstream/SOURCES. PYTHON: the interpreter that reads the versions (python3); DEST: the
+# folder (.downstream); CUPY_REPO, RMM_REPO, CUDF_REPO: the git URLs (GitHub's; a local mirror:
+# file:///path/to/repo); SUITES: which to fetch (default "cupy rmm cudf"), e.g.
+#   SUITES=cudf CUDF_VERSION=26.10.02 CUDF_REPO=file:///mirrors/cudf bash tools/downstream/fetch_sources.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${DEST:-.downstream}
@@ -21,11 +24,13 @@ version() {  # -P: this checkout must not shadow anything
   "$py" -P -c "import $1; print($1.__version__)" 2>/dev/null || true
 }
 
+suites=" ${SUITES:-cupy rmm cudf} "
+wants() { [[ $suites == *" $1 "* ]]; }
 cupy_version=${CUPY_VERSION:-$(version cupy)}
 cudf_version=${CUDF_VERSION:-$(version cudf)}
 rmm_version=${RMM_VERSION:-$(version rmm)}
-[ -n "$cupy_version" ] || { echo "cupy is not installed here: set CUPY_VERSION" >&2; exit 2; }
-[ -n "$rmm_version" ] || { echo "rmm is not installed here: set RMM_VERSION" >&2; exit 2; }
+if wants cupy && [ -z "$cupy_version" ]; then echo "cupy is not installed here: set CUPY_VERSION" >&2; exit 2; fi
+if wants rmm && [ -z "$rmm_version" ]; then echo "rmm is not installed here: set RMM_VERSION" >&2; exit 2; fi
 
 # fetch URL SUBDIR TARGET REF...: clone the first REF that exists, copy its SUBDIR to TARGET
 fetch() {
@@ -68,10 +73,15 @@ pytest_ini() {
 
 mkdir -p "$dest"
 : > "$dest/SOURCES"
-echo "cupy $cupy_version, rmm $rmm_version"
-fetch "${CUPY_REPO:-https://github.com/cupy/cupy.git}" tests "$dest/cupy-tests" "v$cupy_version"
-fetch "${RMM_REPO:-https://github.com/rapidsai/rmm.git}" python/rmm/rmm/tests "$dest/rmm-tests" $(refs "$rmm_version")
-if [ -n "$cudf_version" ]; then
+if wants cupy; then
+  echo "cupy $cupy_version"
+  fetch "${CUPY_REPO:-https://github.com/cupy/cupy.git}" tests "$dest/cupy-tests" "v$cupy_version"
+fi
+if wants rmm; then
+  echo "rmm $rmm_version"
+  fetch "${RMM_REPO:-https://github.com/rapidsai/rmm.git}" python/rmm/rmm/tests "$dest/rmm-tests" $(refs "$rmm_version")
+fi
+if wants cudf && [ -n "$cudf_version" ]; then
   echo "cudf $cudf_version"
   fetch "${CUDF_REPO:-https://github.com/NVIDIA/cudf.git}" python "$dest/cudf-python" $(refs "$cudf_version")
   rm -rf "$dest/cudf-tests" "$dest/cudf-polars"
