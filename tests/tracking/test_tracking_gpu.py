@@ -408,7 +408,7 @@ def test_stacks_are_captured_on_native_python_and_event_loop_threads_at_once():
     Python thread state, a Python thread and an asyncio loop's callbacks at the same time. A run
     of cudf-polars' tests under the tracker with capture_stacks died with SIGSEGV on a thread of
     its streaming engine: here a crash is the child's exit code, and every pair is counted."""
-    iterations = 20_000
+    iterations = 5_000  # per C++ thread; each takes the GIL for its stacks
     res = subprocess.run(
         [sys.executable, "-c", STACKS_ON_EVERY_KIND_OF_THREAD, str(iterations)],
         capture_output=True,
