@@ -352,7 +352,8 @@ def test_device_buffers_cupy_and_stacks(cupy):
 #: C++ threads that have no Python thread state (rmm_fences_bench.threaded_alloc_free, without
 #: the GIL), by a Python thread, and by an asyncio loop whose callbacks allocate through C with
 #: no Python frame of their own (functools.partial of rmm.DeviceBuffer: the innermost frame is
-#: the loop's, as on cudf-polars' streaming-engine threads).
+#: the loop's, as on cudf-polars' streaming-engine threads) or free a block as their frame,
+#: which C called, is torn down (the interpreter's entry frame is current then).
 STACKS_ON_EVERY_KIND_OF_THREAD = r"""
 import asyncio, functools, json, sys, threading
 import cupy, rmm
@@ -375,12 +376,17 @@ def python_thread():
 def loop_thread():
     loop = asyncio.new_event_loop()
 
+    def holds():  # called from C: its block is freed while its frame is torn down
+        buf = rmm.DeviceBuffer(size=4096, mr=mr)
+        return buf.size
+
     def tick():
         counts["loop"] += 1
         if stop.is_set():
             loop.stop()
             return
         loop.call_soon(functools.partial(rmm.DeviceBuffer, size=8192, mr=mr))
+        loop.call_soon(holds)
         loop.call_soon(tick)
 
     loop.call_soon(tick)
