@@ -29,15 +29,18 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def run_json(code, *args, timeout=300):
+def run_json(code, *args, timeout=300, env=None):
     """Runs Python ``code`` with ``args`` in a child process (a crash is the child's exit code,
     not the test run's) and returns ``(exit code, the last line of its stdout that starts with
-    "{" as a dict or None, stdout, stderr)``."""
+    "{" as a dict or None, stdout, stderr)``. ``env``: the child's environment (``child_env()``
+    for a child that imports the tests' helpers or the benchmarks' library; default: this
+    process's)."""
     res = subprocess.run(
         [sys.executable, "-P", "-c", code, *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     return res.returncode, (json.loads(lines[-1]) if lines else None), res.stdout, res.stderr

@@ -36,9 +36,9 @@ def reduce_mod(cupy):
 
 @pytest.fixture(scope="session")
 def json_child():
-    """``run(code, *args, timeout=300)``: runs Python ``code`` with ``args`` in a child process
-    (a crash is the child's exit code, not the test run's) and returns ``(exit code, the last
-    line of its stdout that starts with "{" as a dict or None, stdout, stderr)``
+    """``run(code, *args, timeout=300, env=None)``: runs Python ``code`` with ``args`` in a
+    child process (a crash is the child's exit code, not the test run's) and returns ``(exit
+    code, the last line of its stdout that starts with "{" as a dict or None, stdout, stderr)``
     (helpers.children.run_json)."""
     return run_json
 

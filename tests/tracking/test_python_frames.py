@@ -9,9 +9,6 @@ teardown; ``sys._getframe(0)`` there builds a frame object from the entry frame'
 ``frame_obj`` field: a frame named ``<interpreter trampoline>``, or a crash. A run of cudf-polars'
 tests under the tracker with capture_stacks died so, on an event loop's thread."""
 
-import subprocess
-import sys
-
 from helpers.children import child_env
 
 #: A child: blocks of a function that ``map`` (C) calls die as its frame is torn down; each
@@ -19,7 +16,7 @@ from helpers.children import child_env
 #: (C, no frame of its own) returns there, from C code all the way. The C stack under the entry
 #: frame is varied (recursion depths) so that its stale contents differ from call to call.
 TEARDOWN = r"""
-import sys, weakref
+import json, sys, weakref
 from collections import defaultdict
 from rmm_fences._lib.memory_resource import _python_frames
 
@@ -50,25 +47,19 @@ texts = list(seen.values())
 assert len(texts) == 64 * 50, len(texts)
 bad = [t for t in texts if t is None or "<shim>" in t or "trampoline" in t]
 innermost = {t.splitlines()[-1].rsplit(" in ", 1)[-1] for t in texts if t}
-print("innermost", sorted(innermost))
-print("bad", len(bad), (bad or [""])[0][-300:])
+first = str(bad[0])[-300:] if bad else ""
+print(json.dumps({"innermost": sorted(innermost), "bad": len(bad), "first": first}))
 sys.exit(1 if bad else 0)
 """
 
 
-def test_frames_are_the_callers_while_a_frame_called_from_c_is_torn_down():
+def test_frames_are_the_callers_while_a_frame_called_from_c_is_torn_down(json_child):
     """Every record holds complete frames only, the innermost being the code that called the C
     function (``at_depth``, which called ``map``), never the interpreter's entry frame; the
     child neither crashes nor records ``<interpreter trampoline>``."""
-    res = subprocess.run(
-        [sys.executable, "-c", TEARDOWN],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=child_env(),
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "innermost ['at_depth']" in res.stdout, res.stdout
+    rc, out, stdout, stderr = json_child(TEARDOWN, env=child_env())
+    assert rc == 0, stdout[-3000:] + stderr[-3000:]
+    assert out["innermost"] == ["at_depth"], out
 
 
 def test_frames_of_a_plain_call_list_the_callers_innermost_last():

@@ -409,21 +409,16 @@ print(json.dumps({**counts, "stats": dict(mr.stats), "outstanding": len(mr.outst
 """
 
 
-def test_stacks_are_captured_on_native_python_and_event_loop_threads_at_once():
+def test_stacks_are_captured_on_native_python_and_event_loop_threads_at_once(json_child):
     """capture_stacks asks each allocating thread for its Python frames: C++ threads with no
     Python thread state, a Python thread and an asyncio loop's callbacks at the same time. A run
     of cudf-polars' tests under the tracker with capture_stacks died with SIGSEGV on a thread of
     its streaming engine: here a crash is the child's exit code, and every pair is counted."""
     iterations = 5_000  # per C++ thread; each takes the GIL for its stacks
-    res = subprocess.run(
-        [sys.executable, "-c", STACKS_ON_EVERY_KIND_OF_THREAD, str(iterations)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=child_env(),
+    rc, out, stdout, stderr = json_child(
+        STACKS_ON_EVERY_KIND_OF_THREAD, iterations, timeout=600, env=child_env()
     )
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    out = json.loads(res.stdout.splitlines()[-1])
+    assert rc == 0 and out is not None, stdout[-2000:] + stderr[-4000:]
     assert out["python"] > 0 and out["loop"] > 0, out
     stats = out["stats"]
     native = 4 * iterations

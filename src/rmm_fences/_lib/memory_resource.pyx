@@ -760,7 +760,7 @@ cdef extern from "Python.h":
     PyFrameObject* PyEval_GetFrame()  # borrowed; the first complete frame of this thread, or NULL
 
 
-def _python_frames(*_ignored):
+def _python_frames():
     """The calling thread's Python frames as text (innermost last; None where it has none), as
     ``capture_stacks`` records them: up to 32, without source lookups (cheap on every call).
 
