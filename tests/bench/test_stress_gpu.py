@@ -10,15 +10,12 @@ RMM_FENCES_STRESS_SECONDS sets the duration of each run (default 5). The argumen
 on any machine.
 """
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from helpers.children import child_env
+from helpers.children import child_env, run_json
 
 SECONDS = float(os.environ.get("RMM_FENCES_STRESS_SECONDS", "5"))
 THREADS = 8
@@ -70,18 +67,17 @@ CHILD = textwrap.dedent(
 
 
 def run_stress(chain):
-    res = subprocess.run(
-        [sys.executable, "-P", "-c", CHILD, chain, str(SECONDS), str(THREADS)],
-        capture_output=True,
-        text=True,
+    rc, stats, out, err = run_json(
+        CHILD,
+        chain,
+        SECONDS,
+        THREADS,
         timeout=SECONDS * 3 + 240,
         env=child_env(),  # the benchmarks' library from the checkout, as this process has it
     )
-    lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
-    stats = json.loads(lines[-1]) if lines else None
-    print(f"\nstress {chain}, {THREADS} threads, {SECONDS} s: exit {res.returncode}, {stats}")
-    assert res.returncode == 0, f"child exit {res.returncode}\n{res.stdout}\n{res.stderr[-4000:]}"
-    assert stats is not None, res.stdout + res.stderr
+    print(f"\nstress {chain}, {THREADS} threads, {SECONDS} s: exit {rc}, {stats}")
+    assert rc == 0, f"child exit {rc}\n{out}\n{err[-4000:]}"
+    assert stats is not None, out + err
     assert stats["allocations"] > 0 and stats["checks"] > 0
     assert stats["cross_stream_frees"] > 0  # the test cannot pass without them
     return stats
