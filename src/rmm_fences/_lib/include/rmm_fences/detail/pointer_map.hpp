@@ -17,7 +17,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -103,8 +105,8 @@ class pointer_map {
         i               = j;
       }
     }
-    slots_[i].key   = 0;
-    slots_[i].value = Value{};
+    slots_[i].key = 0;
+    reset(slots_[i].value);
     --size_;
   }
 
@@ -112,8 +114,8 @@ class pointer_map {
   void clear() noexcept
   {
     for (auto& s : slots_) {
-      s.key   = 0;
-      s.value = Value{};
+      s.key = 0;
+      reset(s.value);
     }
     size_ = 0;
   }
@@ -132,6 +134,17 @@ class pointer_map {
     std::uintptr_t key{};
     Value value{};
   };
+
+  static_assert(std::is_nothrow_default_constructible_v<Value>,
+                "an empty slot is rebuilt in place, which must not throw");
+
+  /// Makes `v` the empty slot's `Value{}` in place: no temporary, no move assignment (a value
+  /// with members that own memory, as the tracker's records, would pay for both per erase).
+  static void reset(Value& v) noexcept
+  {
+    std::destroy_at(&v);
+    std::construct_at(&v);
+  }
 
   [[noreturn, gnu::cold, gnu::noinline]] static void throw_zero_key()
   {
