@@ -15,9 +15,10 @@ order, each recorded stream a stream of its own, every fence complete from the n
 (an idle device, as in the replay benchmark, whose calls launch no work). The report counts
 the calls the CUDA platform would make: event records and queries (an event per batch, from
 the adaptor's pool of events), stream-identity queries (``cuStreamGetId``) and capture tests
-(``cuStreamIsCapturing``), and how many allocations took back a block freed on their stream
-instead of calling the upstream. No block may reach the upstream before its fence: the run
-fails if the harness saw one.
+(``cuStreamIsCapturing``), how many allocations took back a block freed on their stream
+instead of calling the upstream, and the most bytes freed and not yet handed to the upstream
+at once (what the adaptor holds beyond its upstream's footprint). No block may reach the
+upstream before its fence: the run fails if the harness saw one.
 """
 
 from __future__ import annotations
@@ -59,7 +60,13 @@ def count(events, max_batch_frees=DEFAULT_FREES, max_batch_bytes=DEFAULT_BYTES) 
     reuses = core.reuses
     if reuses["unsafe"]:
         raise RuntimeError(f"{reuses['unsafe']} block(s) reached the upstream before their fence")
-    return {**calls, "allocations": allocations, "frees": frees, "take_backs": reuses["reuses"]}
+    return {
+        **calls,
+        "allocations": allocations,
+        "frees": frees,
+        "take_backs": reuses["reuses"],
+        "peak_pending_bytes": core.stats["peak_pending_bytes"],
+    }
 
 
 def row(name: str, c: dict) -> str:
@@ -73,6 +80,7 @@ def row(name: str, c: dict) -> str:
         f"{c['is_capturing'] / calls:.2f}",
         f"{c['take_backs'] / max(c['allocations'], 1):.0%}",
         f"{c['upstream_allocate'] / max(c['allocations'], 1):.0%}",
+        f"{c['peak_pending_bytes'] / 2**20:.0f}",
     ]
     return f"| {name} | " + " | ".join(cells) + " |"
 
@@ -89,8 +97,9 @@ def report(names, traces, max_batch_frees, max_batch_bytes) -> list[str]:
         "",
         "| log | calls | event records per free | event queries per free "
         "| stream-identity queries per free | capture tests per call "
-        "| allocations taken back | allocations that reached the upstream |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| allocations taken back | allocations that reached the upstream "
+        "| peak pending MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         events = events_of(read_allocation_log(traces / f"{name}.csv.gz"))

@@ -52,7 +52,7 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         mode=st.sampled_from(MODES),
         cap=st.none() | st.integers(0, 6000),
         limit=st.sampled_from([1 << 40, 12000]),
-        batch_frees=st.sampled_from([1, 2, 3, 16]),
+        batch_frees=st.sampled_from([1, 2, 3, 16, 16]),
         batch_bytes=st.sampled_from([None, 1500, 1 << 26]),
         recycle=st.booleans(),
         reuse=st.booleans(),
@@ -133,6 +133,34 @@ class SyncOnFreeModel(RuleBasedStateMachine):
         self.pending[ptr] = (num, size)
         self.absorb()
         self.allocate(size, stream if then is None else then)
+
+    @rule(
+        size=st.integers(1500, 3000),
+        stream=STREAMS,
+        between=st.sampled_from(["nothing", "capture", "new_handle", "other_thread"]),
+    )
+    def free_a_large_block_then_allocate_another_size(self, size, stream, between):
+        """A free that fills a batch's byte limit (1500 where one is drawn), then an allocation
+        of another size; in between, the freeing stream may start a capture, its handle may go
+        to a new stream, or the allocation may come from another thread (another per-thread
+        default stream)."""
+        before = self.allocations
+        self.allocate(size, stream)
+        if self.allocations == before:
+            return  # out of memory
+        num = before
+        ptr, size = self.live.pop(num)
+        self.h.deallocate(ptr, size, stream)
+        self.pending[ptr] = (num, size)
+        self.absorb()
+        if between == "capture":
+            self.h.begin_capture(stream)
+        elif between == "new_handle" and stream != 2:
+            self.h.end_capture(stream)
+            self.h.reuse_handle(stream)
+        elif between == "other_thread":
+            self.switch_thread(1 - self.thread)
+        self.allocate(size + 1, stream)
 
     @precondition(lambda self: self.pending)
     @rule(data=st.data(), stream=STREAMS)
