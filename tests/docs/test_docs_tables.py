@@ -100,7 +100,7 @@ def test_a_table_header_names_what_its_file_records(tmp_path):
 def test_asv_bodies_files_carry_their_environment_line(tmp_path):
     """tools/asv_bodies.py run writes the environment first; the tables skip it."""
     r = renderer()
-    src = DATA / "bench" / "streams_2026-12-01.jsonl"
+    src = DATA / "bench" / "streams_2026-12-05.jsonl"
     env = {"commit": "abc1234", "gpu": "G", "driver": "d", "versions": {"python": "3"}}
     path = tmp_path / "streams.jsonl"
     path.write_text(json.dumps({"environment": env}) + "\n" + src.read_text())

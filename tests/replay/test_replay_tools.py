@@ -137,7 +137,7 @@ def asv_bodies():
 
 
 def test_only_the_replay_table_has_a_chart(tmp_path):
-    data = DOCS_DATA / "bench" / "streams_2026-12-01.jsonl"
+    data = DOCS_DATA / "bench" / "streams_2026-12-05.jsonl"
     with pytest.raises(SystemExit):
         asv_bodies().main(["table", "streams", str(data), "--png", str(tmp_path / "x.png")])
     assert not (tmp_path / "x.png").exists()
