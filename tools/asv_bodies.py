@@ -16,7 +16,11 @@ bodies of asv_bench/benchmarks/:
 
 ``run replay`` follows ``Replay``: one ordered replay of a fresh chain for the footprint, then
 the free-running timed replays (``track_allocations_per_s``) and what the chain held by their
-end (``footprint_after_mib``; the table adds "-> N MiB" where that is more); ``run streams`` calls
+end (``footprint_after_mib``; the table adds "-> N MiB" where that is more); with ``--rounds N``
+it runs that whole grid N times, and the table gives each chain's median calls/s, ratios taken
+within each round (their median), and a third table with the range of the ratios of the pool
+over CudaAsync, the tracker over the pool and deferred SyncOnFree over rmm's pool (its
+upstream); ``run streams`` calls
 ``CrossStream``, ``StreamPerTask`` (three timed rounds) and reads the pool's stream slots
 after 100, 2 000 and 20 000 short-lived streams (``StreamSlots``' measure at three counts);
 ``run dataframes`` sets up ``CudfPipeline`` and ``PdsH`` per parameter (a warm-up run under the
@@ -102,7 +106,10 @@ def _run_grid(bench, grid, out, measure):
         _run_body(bench(), case, row, out, measure)
 
 
-def run_replay(out):
+def run_replay(out, rounds=1):
+    """``rounds`` > 1: the whole grid (every log under every chain, a fresh chain each time)
+    that many times, each row carrying its ``round``: the chains of one log follow each other in
+    every round, so that a ratio taken within a round compares chains run moments apart."""
     from benchmarks import replay as R
 
     def measure(b, trace, chain):
@@ -125,10 +132,11 @@ def run_replay(out):
             row["stats"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
         return row
 
-    for trace in R.trace_names():
-        for chain in R.CHAINS:
-            row = {"trace": trace, "chain": chain}
-            _run_body(R.Replay(), (trace, chain), row, out, measure)
+    for k in range(rounds):
+        for trace in R.trace_names():
+            for chain in R.CHAINS:
+                row = {"trace": trace, "chain": chain, **({"round": k} if rounds > 1 else {})}
+                _run_body(R.Replay(), (trace, chain), row, out, measure)
 
 
 def run_streams(out):
@@ -466,11 +474,36 @@ def _rows(path):
 
 
 def _by_trace(path):
-    """The replay rows of ``path`` as {trace: {chain: row}}, in file order."""
-    by = {}
+    """The replay rows of ``path`` as {trace: {chain: row}}, in file order. A run of several
+    rounds gives one row per chain and log: the first round's, with ``alloc_per_s`` the median
+    over the rounds, ``rates`` the rounds' values in order, and ``footprint_after_mib`` the
+    largest."""
+    import statistics
+
+    rounds = {}
     for r in _rows(path):
-        by.setdefault(r["trace"], {})[r["chain"]] = r
+        rounds.setdefault(r["trace"], {}).setdefault(r["chain"], []).append(r)
+    by = {}
+    for trace, chains in rounds.items():
+        for chain, rows in chains.items():
+            row = dict(rows[0])
+            if "alloc_per_s" in row:
+                row["rates"] = [x["alloc_per_s"] for x in rows]
+                row["alloc_per_s"] = statistics.median(row["rates"])
+            afters = [x.get("footprint_after_mib") for x in rows]
+            if all(a is not None for a in afters):
+                row["footprint_after_mib"] = max(afters)
+            by.setdefault(trace, {})[chain] = row
     return by
+
+
+def _rate_ratio(chain_row, peer_row):
+    """``chain_row``'s calls/s over ``peer_row``'s: the median of the ratios taken within each
+    round (one round: the plain ratio), and their smallest and largest."""
+    import statistics
+
+    ratios = [a / b for a, b in zip(chain_row["rates"], peer_row["rates"])]
+    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def _replay_cell(row):
@@ -497,7 +530,7 @@ def table_replay(path):
         rate = f["alloc_per_s"]
         lines.append(
             f"| {trace} | {f['trace_peak_live'] / 2**20:.0f} | {rate / 1e6:.2f} M "
-            f"| {rate / p['alloc_per_s']:.1f}x | {rate / a['alloc_per_s']:.1f}x "
+            f"| {_rate_ratio(f, p)[0]:.1f}x | {_rate_ratio(f, a)[0]:.1f}x "
             f"| {f['footprint_mib']:.0f} | {p['footprint_mib']:.0f} | {a['footprint_mib']:.0f} "
             f"| {f['footprint_mib'] / p['footprint_mib']:.2f}x | {errors} |"
         )
@@ -506,7 +539,36 @@ def table_replay(path):
     for trace, d in by.items():
         cells = [_replay_cell(d[c]) for c in chains]
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
+    rounds = len(next(iter(next(iter(by.values())).values()))["rates"]) if by else 0
+    if rounds > 1:
+        lines += _replay_round_ratios(by, rounds)
     return "\n".join(lines)
+
+
+#: The calls/s ratios of a run of several rounds: (chain, peer, heading).
+ROUND_RATIOS = (
+    ("rmm_fences_pool", "cuda_async", "rmm_fences pool / CudaAsync"),
+    ("tracking_pool", "rmm_fences_pool", "tracker / rmm_fences pool"),
+    ("sync_on_free_deferred", "rmm_pool", "SyncOnFree deferred / rmm's pool (its upstream)"),
+)
+
+
+def _replay_round_ratios(by, rounds):
+    """Per log, each ratio of ``ROUND_RATIOS``: the median of the per-round ratios, then their
+    range."""
+    pairs = [r for r in ROUND_RATIOS if all(r[0] in d and r[1] in d for d in by.values())]
+    lines = [
+        "",
+        f"| trace ({rounds} rounds) | " + " | ".join(h for _, _, h in pairs) + " |",
+        "|---|" + "---:|" * len(pairs),
+    ]
+    for trace, d in by.items():
+        cells = []
+        for chain, peer, _ in pairs:
+            median, low, high = _rate_ratio(d[chain], d[peer])
+            cells.append(f"{median:.2f}x ({low:.2f}-{high:.2f})")
+        lines.append(f"| {trace} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def chart_replay(path, png):
@@ -525,9 +587,7 @@ def chart_replay(path, png):
     for i, (peer, label) in enumerate(
         (("rmm_pool", "over rmm's pool"), ("cuda_async", "over CudaAsync"))
     ):
-        ratios = [
-            by[t]["rmm_fences_pool"]["alloc_per_s"] / by[t][peer]["alloc_per_s"] for t in traces
-        ]
+        ratios = [_rate_ratio(by[t]["rmm_fences_pool"], by[t][peer])[0] for t in traces]
         speed.bar([j + i * 0.4 for j in x], ratios, 0.4, label=label)
     speed.set_yscale("log")
     speed.set_ylim(bottom=1.0)
@@ -587,7 +647,11 @@ def main(argv=None):
     run = sub.add_parser("run", help="run the bodies on a GPU host: JSON lines on stdout")
     run.add_argument("what", choices=["replay", "streams", "dataframes", "native"])
     run.add_argument(
-        "--rounds", type=int, default=ROUNDS, help=f"dataframes: timed runs (default {ROUNDS})"
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"dataframes: timed runs (default {ROUNDS}); replay: rounds of the whole grid "
+        "(default 1), ratios then taken within each round",
     )
     run.add_argument(
         "--resume",
@@ -602,8 +666,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "run":
         sys.path.insert(0, str(ASV))
-        if args.rounds < 1:
+        if args.rounds is not None and args.rounds < 1:
             parser.error(f"--rounds {args.rounds}: expected a positive number of runs")
+        if args.rounds is not None and args.what not in ("dataframes", "replay"):
+            parser.error("--rounds: only for dataframes and replay")
         if args.resume and args.what != "dataframes":
             parser.error("--resume: only for dataframes")
         resumed = pathlib.Path(args.resume) if args.resume else None
@@ -612,9 +678,11 @@ def main(argv=None):
             written = [json.loads(x) for x in resumed.read_text().splitlines() if x.strip()]
         done = {(r["bench"], r["param"], r["chain"]) for r in written if "bench" in r}
         runs = {
-            "replay": run_replay,
+            "replay": functools.partial(run_replay, rounds=args.rounds or 1),
             "streams": run_streams,
-            "dataframes": functools.partial(run_dataframes, rounds=args.rounds, done=done),
+            "dataframes": functools.partial(
+                run_dataframes, rounds=args.rounds or ROUNDS, done=done
+            ),
             "native": run_native,
         }
         if not any("environment" in r for r in written):

@@ -7,6 +7,7 @@ import gzip
 import importlib
 import io
 import json
+import subprocess
 import sys
 
 import pytest
@@ -327,6 +328,51 @@ def test_replay_table_shows_a_footprint_that_grew_in_the_timed_replays(tmp_path)
     table = asv_bodies().table_replay(path)
     assert "| t | 1.00 M, 100 MiB | 1.00 M, 100 MiB | 1.00 M, 100 MiB -> 150 MiB " in table
     assert "| 1.00 M, 100 MiB -> 130 MiB |" in table
+
+
+def test_replay_rounds_give_medians_and_ratios_taken_within_each_round(tmp_path):
+    """A run of several rounds: calls/s is each chain's median over the rounds, a ratio the
+    median of the ratios taken within each round (here 2x, 2x and 1x: 2x, where the ratio of
+    the medians would be 1.5x), and a third table gives the ratios the targets name with their
+    range. One round: no third table, and the ratios are the plain ones."""
+    rates = {  # chain -> calls/s per round
+        "rmm_fences_pool": (4e6, 2e6, 3e6),
+        "rmm_pool": (1e6, 1e6, 1e6),
+        "cuda_async": (2e6, 1e6, 3e6),
+        "tracking_pool": (3e6, 1e6, 2e6),
+        "sync_on_free_deferred": (0.9e6, 1e6, 1.1e6),
+    }
+    rows = [{"environment": {}}]
+    for k in range(3):
+        for chain, r in rates.items():
+            rows.append(
+                {"trace": "t", "chain": chain, "round": k, "alloc_per_s": r[k],
+                 "footprint_mib": 100.0, "footprint_after_mib": 100.0 + k,
+                 "trace_peak_live": 90 << 20, "errors": 0}
+            )  # fmt: skip
+    path = tmp_path / "replay.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    table = asv_bodies().table_replay(path)
+    # the pool: median 3 M; over rmm's pool 3x (ratios 4, 2, 3); over CudaAsync 2x (2, 2, 1)
+    assert "| t | 90 | 3.00 M | 3.0x | 2.0x |" in table
+    assert "| 3.00 M, 100 MiB -> 102 MiB |" in table  # the largest after-footprint
+    assert "| trace (3 rounds) | rmm_fences pool / CudaAsync | tracker / rmm_fences pool " in table
+    # tracker / pool: 0.75, 0.5, 0.67; SyncOnFree / rmm's pool: 0.9, 1.0, 1.1
+    assert "| t | 2.00x (1.00-2.00) | 0.67x (0.50-0.75) | 1.00x (0.90-1.10) |" in table
+    one = tmp_path / "one.jsonl"
+    one.write_text("\n".join(json.dumps(r) for r in rows if r.get("round", 0) == 0))
+    single = asv_bodies().table_replay(one)
+    assert "rounds)" not in single and "| t | 90 | 4.00 M | 4.0x | 2.0x |" in single
+
+
+def test_rounds_are_refused_where_a_run_has_none():
+    run = subprocess.run(
+        [sys.executable, str(TOOLS / "asv_bodies.py"), "run", "streams", "--rounds", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "--rounds: only for dataframes and replay" in run.stderr
 
 
 class _FakeCupy:
