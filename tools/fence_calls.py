@@ -17,8 +17,11 @@ the calls the CUDA platform would make: event records and queries (an event per 
 the adaptor's pool of events), stream-identity queries (``cuStreamGetId``) and capture tests
 (``cuStreamIsCapturing``), how many allocations took back a block freed on their stream
 instead of calling the upstream, and the most bytes freed and not yet handed to the upstream
-at once (what the adaptor holds beyond its upstream's footprint). No block may reach the
-upstream before its fence: the run fails if the harness saw one.
+at once (what the adaptor holds beyond its upstream's footprint), and how many blocks went
+upstream on another stream than the one that freed them (a block goes upstream on the stream
+of the call that found its fence complete: a pool keyed by stream then files it under that
+stream). No block may reach the upstream before its fence: the run fails if the harness saw
+one.
 """
 
 from __future__ import annotations
@@ -47,14 +50,22 @@ def count(events, max_batch_frees=DEFAULT_FREES, max_batch_bytes=DEFAULT_BYTES) 
     core = HostSyncOnFree(max_batch_frees=max_batch_frees, max_batch_bytes=max_batch_bytes)
     _ = core.calls  # the counts start from the first call
     live, allocations, frees = {}, 0, 0
+    freed_on = {}  # pointer -> the stream of its last free
+    released, elsewhere = 0, 0  # blocks handed upstream; of those, on another stream
     for action, ident, nbytes, stream in events:
         if action == ALLOCATE:
             live[ident] = (core.allocate(nbytes, stream=STREAM_BASE + stream), nbytes)
             allocations += 1
         elif ident in live:
             ptr, size = live.pop(ident)
+            freed_on[ptr] = STREAM_BASE + stream
             core.deallocate(ptr, size, stream=STREAM_BASE + stream)
             frees += 1
+        # a block is freed again only after it went upstream or was taken back: the stream of
+        # its last free is the one of the free its release ends
+        for ptr, _, on, _ in core.releases_since(released):
+            elsewhere += on != freed_on[ptr]
+            released += 1
         core.signal_all()  # complete from the next call on: nothing runs on the streams
     calls = core.calls
     reuses = core.reuses
@@ -66,6 +77,8 @@ def count(events, max_batch_frees=DEFAULT_FREES, max_batch_bytes=DEFAULT_BYTES) 
         "frees": frees,
         "take_backs": reuses["reuses"],
         "peak_pending_bytes": core.stats["peak_pending_bytes"],
+        "released": released,
+        "released_elsewhere": elsewhere,
     }
 
 
@@ -81,6 +94,7 @@ def row(name: str, c: dict) -> str:
         f"{c['take_backs'] / max(c['allocations'], 1):.0%}",
         f"{c['upstream_allocate'] / max(c['allocations'], 1):.0%}",
         f"{c['peak_pending_bytes'] / 2**20:.0f}",
+        f"{c['released_elsewhere'] / max(c['released'], 1):.0%}",
     ]
     return f"| {name} | " + " | ".join(cells) + " |"
 
@@ -98,8 +112,8 @@ def report(names, traces, max_batch_frees, max_batch_bytes) -> list[str]:
         "| log | calls | event records per free | event queries per free "
         "| stream-identity queries per free | capture tests per call "
         "| allocations taken back | allocations that reached the upstream "
-        "| peak pending MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak pending MiB | handed upstream on another stream than the free |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         events = events_of(read_allocation_log(traces / f"{name}.csv.gz"))

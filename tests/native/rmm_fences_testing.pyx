@@ -83,6 +83,7 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
 
     cdef cppclass host_upstream:
         vector[release_record] releases_copy() except +
+        vector[release_record] releases
         uint64_t bad_frees
         size_t used() except +
 
@@ -382,6 +383,15 @@ cdef class HostSyncOnFree:
         return [
             (r.ptr, r.bytes, r.stream, r.fence_signalled)
             for r in deref(self.c_obj).upstream().releases_copy()
+        ]
+
+    def releases_since(self, size_t start) -> list:
+        """``releases[start:]`` without copying the earlier ones (a replay that follows the
+        releases call by call); call it from the thread that makes the calls."""
+        cdef vector[release_record]* done = &deref(self.c_obj).upstream().releases
+        return [
+            (done[0][i].ptr, done[0][i].bytes, done[0][i].stream, done[0][i].fence_signalled)
+            for i in range(start, done[0].size())
         ]
 
     @property

@@ -37,6 +37,18 @@ def test_larger_batches_record_fewer_events_per_free_on_a_training_log():
     assert default["record"] == default["acquire_fence"]  # an event per record, from the pool
 
 
+def test_blocks_go_upstream_on_another_stream_only_on_a_log_of_several_streams():
+    """A block goes upstream on the stream of the call that found its fence complete: on a
+    log of one stream that is always the freeing stream; on cupy_pipeline (three streams) it
+    often is not."""
+    tool = load_script(TOOLS / "fence_calls.py")
+    one = tool.count(_events(tool, "torch_resnet50"))
+    assert one["released"] > 1000 and one["released_elsewhere"] == 0
+    several = tool.count(_events(tool, "cupy_pipeline"))
+    assert 0 < several["released_elsewhere"] <= several["released"]
+    assert several["released"] == several["upstream_deallocate"]
+
+
 def test_the_tool_prints_a_row_per_log_and_refuses_a_batch_of_no_frees():
     script = [sys.executable, str(TOOLS / "fence_calls.py")]
     run = subprocess.run(
