@@ -46,6 +46,7 @@ import itertools
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -178,7 +179,6 @@ def run_streams(out):
 
 
 def run_native(out):
-    import statistics
     import time
 
     from benchmarks import alloc_free as A
@@ -245,7 +245,6 @@ ROUNDS = 5
 def run_dataframes(out, rounds=ROUNDS, done=()):
     """``done``: the (bench, param, chain) cases to leave out (those an earlier, interrupted
     run already wrote)."""
-    import statistics
     import time
 
     from benchmarks import dataframes as D
@@ -272,8 +271,6 @@ def run_dataframes(out, rounds=ROUNDS, done=()):
 def table_dataframes(path):
     """Per benchmark parameter: each chain's median time and peak over CudaAsync's; then the
     median and largest time ratio over the PDS-H queries."""
-    import statistics
-
     by = {}
     for r in _rows(path):
         if "skipped" not in r:
@@ -478,8 +475,6 @@ def _by_trace(path):
     rounds gives one row per chain and log: the first round's, with ``alloc_per_s`` the median
     over the rounds, ``rates`` the rounds' values in order, and ``footprint_after_mib`` the
     largest."""
-    import statistics
-
     rounds = {}
     for r in _rows(path):
         rounds.setdefault(r["trace"], {}).setdefault(r["chain"], []).append(r)
@@ -500,8 +495,6 @@ def _by_trace(path):
 def _rate_ratio(chain_row, peer_row):
     """``chain_row``'s calls/s over ``peer_row``'s: the median of the ratios taken within each
     round (one round: the plain ratio), and their smallest and largest."""
-    import statistics
-
     ratios = [a / b for a, b in zip(chain_row["rates"], peer_row["rates"])]
     return statistics.median(ratios), min(ratios), max(ratios)
 
@@ -539,7 +532,7 @@ def table_replay(path):
     for trace, d in by.items():
         cells = [_replay_cell(d[c]) for c in chains]
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
-    rounds = len(next(iter(next(iter(by.values())).values()))["rates"]) if by else 0
+    rounds = max((len(r.get("rates", ())) for d in by.values() for r in d.values()), default=0)
     if rounds > 1:
         lines += _replay_round_ratios(by, rounds)
     return "\n".join(lines)

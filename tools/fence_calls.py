@@ -15,9 +15,9 @@ order, each recorded stream a stream of its own, every fence complete from the n
 (an idle device, as in the replay benchmark, whose calls launch no work). The report counts
 the calls the CUDA platform would make: event records and queries (an event per batch, from
 the adaptor's pool of events), stream-identity queries (``cuStreamGetId``) and capture tests
-(``cuStreamIsCapturing``), how many allocations took back a block freed on their stream
-instead of calling the upstream, and the most bytes freed and not yet handed to the upstream
-at once (what the adaptor holds beyond its upstream's footprint), and how many blocks went
+(``cuStreamIsCapturing``); how many allocations took back a block freed on their stream
+instead of calling the upstream; the most bytes freed and not yet handed to the upstream at
+once (what the adaptor holds beyond its upstream's footprint); and how many blocks went
 upstream on another stream than the one that freed them (a block goes upstream on the stream
 of the call that found its fence complete: a pool keyed by stream then files it under that
 stream). No block may reach the upstream before its fence: the run fails if the harness saw

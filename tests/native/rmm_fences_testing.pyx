@@ -149,6 +149,11 @@ cdef extern from "rmm_fences_testing/host_sync_on_free.hpp" namespace "rmm_fence
     int host_thread
 
 
+cdef tuple _release_tuple(release_record r):
+    """A block the upstream got back, as ``HostSyncOnFree.releases`` lists it."""
+    return (r.ptr, r.bytes, r.stream, r.fence_signalled)
+
+
 cdef class HostSyncOnFree:
     """SyncOnFree's core over host memory; fences are signalled by the test.
 
@@ -380,19 +385,13 @@ cdef class HostSyncOnFree:
     @property
     def releases(self) -> list:
         """Blocks the upstream got back, in order: (ptr, nbytes, stream, work_done)."""
-        return [
-            (r.ptr, r.bytes, r.stream, r.fence_signalled)
-            for r in deref(self.c_obj).upstream().releases_copy()
-        ]
+        return [_release_tuple(r) for r in deref(self.c_obj).upstream().releases_copy()]
 
     def releases_since(self, size_t start) -> list:
         """``releases[start:]`` without copying the earlier ones (a replay that follows the
         releases call by call); call it from the thread that makes the calls."""
         cdef vector[release_record]* done = &deref(self.c_obj).upstream().releases
-        return [
-            (done[0][i].ptr, done[0][i].bytes, done[0][i].stream, done[0][i].fence_signalled)
-            for i in range(start, done[0].size())
-        ]
+        return [_release_tuple(done[0][i]) for i in range(start, done[0].size())]
 
     @property
     def upstream_bad_frees(self) -> int:
