@@ -487,15 +487,15 @@ def render_stress(path, rel, options):
 
 
 def render_torch_hazards(path, rel, options):
-    rows = json.loads(path.read_text())
-    return _env_meta(rel, None), _tool("torch_report.py").hazard_table(rows)
+    env, rows = _tool("torch_report.py").load(path)
+    return _env_meta(rel, env), _tool("torch_report.py").hazard_table(rows)
 
 
 def render_torch_training(path, rel, options):
-    rows = json.loads(path.read_text())
+    env, rows = _tool("torch_report.py").load(path)
     if "model" in options:
         rows = [r for r in rows if r.get("model") == options["model"]]
-    return _env_meta(rel, None), _tool("torch_report.py").train_table(rows)
+    return _env_meta(rel, env), _tool("torch_report.py").train_table(rows)
 
 
 def render_downstream(path, rel, options):

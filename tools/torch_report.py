@@ -4,7 +4,7 @@
 
     python tools/torch_report.py hazards --json docs/data/torch/hazards.json [--trials 20]
     python tools/torch_report.py train --json docs/data/torch/training.json [--steps 10]
-        [--repeat 2] [--allocators torch fences_pool ...]
+        [--warmup 3] [--repeat 2] [--allocators torch fences_pool ...]
     python tools/torch_report.py {hazards,train} --json FILE --table  # the table of saved rows
 
 ``hazards``: the record_stream patterns of asv_bench/benchmarks/_torch_workloads.py (``hazard``)
@@ -14,7 +14,9 @@ ratios against PyTorch's caching allocator from the same run (medians over ``--r
 rounds) and the 95% interval of the ratio (from the per-round ratios, each against PyTorch's
 allocator in the same round). ``--until-width 0.02`` runs rounds until every interval is
 narrower than 2% (at least 3 rounds, at most ``--repeat``). Rows are saved after every run, so
-a time limit keeps what ran.
+a time limit keeps what ran. The file is ``{"environment": ..., "rows": [...]}``: the commit,
+GPU, driver and package versions of the run beside its rows (``load`` also reads a bare list of
+rows, as older files hold).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import math
 import pathlib
 import statistics
+import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "asv_bench" / "benchmarks"))
@@ -31,6 +34,42 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "asv_bench"
 import _torch_workloads as workloads  # noqa: E402
 
 HAZARD_ALLOCATORS = ["torch", "rmm_async", "rmm_pool", "fences_pool", "fences_tracker"]
+
+
+def environment() -> dict:
+    """The commit, GPU, driver and package versions this run measures, read in a process of
+    its own (this one stays without a CUDA context, so that it holds no device memory while
+    the runs measure theirs)."""
+    probe = (
+        "import json; from rmm_fences._cuda import environment; print(json.dumps(environment()))"
+    )
+    try:
+        out = (
+            subprocess.run(
+                [sys.executable, "-c", probe],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        env = json.loads(out)
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        env = {}
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from asv_bodies import checkout_commit
+
+    return {"commit": checkout_commit(), **env}
+
+
+def load(path: pathlib.Path) -> tuple[dict | None, list]:
+    """(environment, rows) of a file this tool wrote; (None, rows) for a bare list of rows."""
+    data = json.loads(path.read_text())
+    if isinstance(data, list):
+        return None, data
+    return data.get("environment"), data["rows"]
 
 
 def _run(command, allocator):
@@ -119,6 +158,7 @@ def train(
     repeat: int = 1,
     allocators=None,
     until_width: float | None = None,
+    warmup: int = 3,
 ) -> tuple[list, str]:
     """Each model under each allocator, ``repeat`` rounds (allocators alternating within a
     round), one process per run; with ``until_width``, fewer rounds once every ratio interval
@@ -129,7 +169,8 @@ def train(
             break
         for model in workloads.MODELS:
             for allocator in allocators or workloads.ALLOCATORS:
-                out = _run(["train", allocator, model, "--steps", str(steps)], allocator)
+                command = ["train", allocator, model, "--steps", str(steps)]
+                out = _run([*command, "--warmup", str(warmup)], allocator)
                 out.setdefault("allocator", allocator)
                 out.setdefault("model", model)
                 out["round"] = round_
@@ -186,7 +227,10 @@ def main() -> int:
     parser.add_argument("what", choices=("hazards", "train"))
     parser.add_argument("--json", type=pathlib.Path, help="write the rows here")
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="train: timed steps per run")
+    parser.add_argument(
+        "--warmup", type=int, default=3, help="train: untimed steps before them, per run"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds of train (at most)")
     parser.add_argument(
         "--until-width",
@@ -197,21 +241,26 @@ def main() -> int:
     parser.add_argument("--table", action="store_true", help="print the table of the --json rows")
     args = parser.parse_args()
 
-    def save(rows):
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
-
     if args.table:
         if args.json is None:
             parser.error("--table prints the table of the rows in --json: give --json")
         table_of = hazard_table if args.what == "hazards" else train_table
-        print(table_of(json.loads(args.json.read_text())))
+        print(table_of(load(args.json)[1]))
         return 0
+    env = environment() if args.json else None
+
+    def save(rows):
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            data = {"environment": env, "rows": rows}
+            args.json.write_text(json.dumps(data, indent=1) + "\n")
+
     if args.what == "hazards":
         rows, table = hazards(args.trials, save)
     else:
-        rows, table = train(args.steps, save, args.repeat, args.allocators, args.until_width)
+        rows, table = train(
+            args.steps, save, args.repeat, args.allocators, args.until_width, args.warmup
+        )
     print(table)
     return 0
 

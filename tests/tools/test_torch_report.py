@@ -2,6 +2,7 @@
 """tools/torch_report.py without a GPU: the 95% interval of the per-round step-time ratios, and
 the rounds it takes before every interval is narrow enough."""
 
+import json
 import math
 
 import pytest
@@ -60,3 +61,13 @@ def test_the_table_shows_the_interval():
     assert "95% interval" in lines[0]
     assert lines[2].startswith("| resnet50 | torch | 3 |") and "| - |" in lines[2]
     assert "| 0.998-1.002 |" in lines[3], lines[3]
+
+
+def test_a_file_keeps_its_environment_and_older_bare_lists_still_load(tmp_path):
+    rows = rows_of([1.0, 1.01, 0.99])
+    env = {"commit": "abc", "gpu": "NVIDIA H100 80GB HBM3"}
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    new.write_text(json.dumps({"environment": env, "rows": rows}))
+    old.write_text(json.dumps(rows))
+    assert report.load(new) == (env, rows)
+    assert report.load(old) == (None, rows)
