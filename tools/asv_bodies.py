@@ -232,7 +232,7 @@ def run_native(out):
     )
     _run_grid(
         Rd.CubTempStoragePlanLoop,
-        {"chain": CHAINS, "n": Rd.SIZES},
+        {"chain": ["preallocated", *CHAINS], "n": Rd.SIZES},
         out,
         lambda b, c, n: {"ratio": b.track_ratio_to_preallocated(c, n)},
     )

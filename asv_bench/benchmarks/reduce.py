@@ -54,23 +54,58 @@ class CubTempStorageLoop:
 class CubTempStoragePlanLoop(CubTempStorageLoop):
     """The loop of CubTempStorageLoop through a ReducePlan made once in setup (the temp
     storage still allocated and freed per call), over the same chains and sizes; the floor is
-    CubTempStorageLoop's "preallocated" row of the same run. track_ratio_to_preallocated: the
-    time per call of the plan over the preallocated buffer's, from CUDA events around 200
-    back-to-back calls of each, interleaved: the median of 5 rounds' ratios (a ratio within a
-    round is stable where the machine's speed drifts between rounds; docs/performance.md)."""
+    CubTempStorageLoop's "preallocated" row of the same run, and this loop's "preallocated"
+    row is the plan over a buffer allocated once (``plan_over_buffer``: the plan's own checks,
+    lock and launch, no allocation). track_ratio_to_preallocated: the time per call of the plan
+    over the preallocated buffer's, from CUDA events around 200 back-to-back calls of each,
+    interleaved: the median of 5 rounds' ratios (a ratio within a round is stable where the
+    machine's speed drifts between rounds; docs/performance.md)."""
 
-    params = [list(CHAINS), SIZES]
+    params = [["preallocated", *CHAINS], SIZES]
     plan = True
 
-    def track_ratio_to_preallocated(self, chain, n):
-        from rmm_fences_bench import cub_temp_loop_us
+    def setup(self, chain, n):
+        if chain != "preallocated":
+            super().setup(chain, n)
+            return
+        require_gpu()
+        import cupy
 
-        args = (self.x, self.out)
+        from rmm_fences_bench import plan_over_buffer
+
+        self.cupy, self.mr = cupy, None
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.x = cupy.random.RandomState(n).standard_normal(n, dtype=cupy.float32)
+        self.out = cupy.empty(1, dtype=cupy.float32)
+        self.fn = plan_over_buffer(self.x, self.out, self.stream)
+        self.fn()  # warm up (JIT, CUB's temp size)
+        self.stream.synchronize()
+
+    def track_bandwidth_gbs(self, chain, n):
+        if chain != "preallocated":
+            return super().track_bandwidth_gbs(chain, n)
+        from rmm_fences_bench import event_time_us
+
+        return self.x.nbytes / (event_time_us(self.fn, self.stream, 50, 3) * 1e-6) / 1e9
+
+    track_bandwidth_gbs.unit = "GB/s"
+
+    def track_ratio_to_preallocated(self, chain, n):
+        import numpy as np
+
+        from rmm_fences_bench import cub_temp_loop, event_time_us
+
+        floor = cub_temp_loop(self.x, self.out, None, self.stream)
+        floor()
         ratios = []
         for _ in range(5):
-            floor_us = cub_temp_loop_us(*args, None, self.stream, 200, 1)
-            plan_us = cub_temp_loop_us(*args, self.mr, self.stream, 200, 1, plan=True)
+            floor_us = event_time_us(floor, self.stream, 200, 1)
+            plan_us = event_time_us(self.fn, self.stream, 200, 1)
             ratios.append(plan_us / floor_us)
+        got = float(self.out.get()[0])  # the plan's last sum
+        ref = float(self.x.astype(self.cupy.float64).sum().get())
+        if not np.isclose(got, ref, rtol=1e-3, atol=1e-2):
+            raise AssertionError(f"CUB plan loop over {chain}: wrong sum {got} vs {ref}")
         return statistics.median(ratios)
 
     track_ratio_to_preallocated.unit = "ratio"

@@ -48,6 +48,7 @@ __all__ = [
     "random_allocations",
     "read_allocation_log",
     "replay",
+    "plan_over_buffer",
     "stress",
     "threaded_alloc_free",
     "threaded_stream_queries",
@@ -110,6 +111,34 @@ def python_pair_us(mr, nbytes: int, stream, pairs: int = 1000, rounds: int = 5) 
             mr.deallocate(mr.allocate(nbytes, stream), nbytes, stream)
         means.append((time.perf_counter() - start) / pairs * 1e6)
     return statistics.median(means)
+
+
+def plan_over_buffer(x, out, stream):
+    """``plan(x, out)`` of a :class:`rmm_fences.reduce.ReducePlan` (sum into ``out`` on
+    ``stream``, a CuPy stream) whose temp storage is a buffer allocated once, as a function of
+    no argument: the plan's call without an allocation or a free (its checks of the arrays, its
+    lock and the launch), which is the floor of the CUB temp-storage loop through a plan over
+    any resource. The plan's allocate and free are replaced by two Python functions that hand
+    out the buffer and do nothing (the current device resource, which the plan binds, sees no
+    call); the buffer lives as long as the function."""
+    import cupy
+    import numpy as np
+
+    from rmm_fences.reduce import ReducePlan
+
+    init = np.zeros(1, dtype=out.dtype)
+    plan = ReducePlan(x, out, "sum", init, stream=stream)  # binds the current resource
+    buffer = cupy.empty(max(plan._nbytes, 1), dtype=cupy.uint8)
+    ptr = buffer.data.ptr
+    state = list(plan._state)
+    if state[5:7] != [plan._mr.allocate, plan._mr.deallocate]:
+        raise RuntimeError("ReducePlan's state no longer holds allocate and deallocate at 5, 6")
+    state[5] = lambda nbytes, stream: ptr  # the plan's allocate
+    state[6] = lambda ptr, nbytes, stream: None  # and its deallocate
+    plan._state = tuple(state)
+    fn = functools.partial(plan, x, out)  # as cub_temp_loop(plan=True) calls a plan
+    fn.buffer = buffer
+    return fn
 
 
 def with_footprint(spec) -> str:

@@ -118,3 +118,26 @@ def test_a_call_that_does_not_match_allocates_nothing(cupy, reduce_mod, rng):
     cupy.cuda.Device().synchronize()
     check_sum(out.item(), x, "float32")
     assert stats.allocation_counts.total_count == 1
+
+
+def test_the_plan_over_a_buffer_sums_without_allocating(cupy, rng):
+    """The benchmarks' floor of the plan loop (``plan_over_buffer``) reduces correctly and
+    allocates from no resource per call: the current device resource counts nothing."""
+    from rmm_fences_bench import plan_over_buffer
+
+    stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.get_current_device_resource())
+    previous = rmm.mr.get_current_device_resource()
+    rmm.mr.set_current_device_resource(stats)
+    try:
+        stream = cupy.cuda.Stream(non_blocking=True)
+        x = fresh(cupy, (1 << 20) + 7, "float32", rng)
+        out = cupy.full(1, cupy.nan, cupy.float32)
+        fn = plan_over_buffer(x, out, stream)
+        before = stats.allocation_counts.total_count
+        for _ in range(5):
+            fn()
+        stream.synchronize()
+        assert stats.allocation_counts.total_count == before
+        check_sum(out.item(), x, "float32")
+    finally:
+        rmm.mr.set_current_device_resource(previous)

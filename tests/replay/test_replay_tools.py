@@ -263,7 +263,7 @@ def test_run_native_runs_every_case_of_its_bodies(capsys):
     assert bodies.main(["run", "native"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert "environment" in rows[0]
-    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 * 3 + 5 + 1 + 1 + 3 * 3 + 7 * 4
+    assert len(rows) - 1 == len(cases) == 7 * 3 + 2 * 3 + 5 + 1 + 1 + 3 * 3 + 8 * 4
     assert {name for name, _ in cases} == {
         "AllocFree", "DeferredFence", "TrackingOverhead", "FenceCalls", "PageCalls",
         "CorePairs", "CubTempStoragePlanLoop",
@@ -272,6 +272,7 @@ def test_run_native_runs_every_case_of_its_bodies(capsys):
     assert ("DeferredFence", ("rmm_pool", 64 << 20)) in cases
     assert ("AllocFree", ("rmm_fences_pool", 1 << 20)) in cases
     assert ("CubTempStoragePlanLoop", ("rmm_fences_pool", 1 << 20)) in cases
+    assert ("CubTempStoragePlanLoop", ("preallocated", 1 << 20)) in cases
 
 
 def test_run_native_times_the_policy_cores_through_its_own_runner(capsys):
