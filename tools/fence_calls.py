@@ -5,6 +5,7 @@ allocation logs, on its C++ core over host memory (no GPU).
     python tools/fence_calls.py                  # every log in asv_bench/traces
     python tools/fence_calls.py reduce_1m cupy_pipeline
     python tools/fence_calls.py --max-batch-frees 64 --max-batch-bytes 256MiB
+    python tools/fence_calls.py --costs native.jsonl --replay replay.jsonl
 
 Needs the host test harness (``rmm_fences_testing``, tests/native) and the benchmarks' library
 (``rmm_fences_bench``, benchmarks/), both built in place by ``make install``.
@@ -22,12 +23,21 @@ upstream on another stream than the one that freed them (a block goes upstream o
 of the call that found its fence complete: a pool keyed by stream then files it under that
 stream). No block may reach the upstream before its fence: the run fails if the harness saw
 one.
+
+``--costs FILE`` (a ``tools/asv_bodies.py run native`` file) prices those calls at the
+driver-API costs its ``FenceCalls`` row measured on a GPU (``cuEventRecord``,
+``cuEventQuery``, ``cuStreamGetId``, ``cuStreamIsCapturing``): ns of CUDA calls per call of the
+adaptor. ``--replay FILE`` (a ``run replay`` file of the same GPU) sets that against the time
+of one call of rmm's pool alone in the replays (the median calls per second of its rounds):
+the share of its upstream's call time the adaptor's CUDA calls add.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
+import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -82,8 +92,48 @@ def count(events, max_batch_frees=DEFAULT_FREES, max_batch_bytes=DEFAULT_BYTES) 
     }
 
 
-def row(name: str, c: dict) -> str:
-    """One log's line: calls made, then per free and per call."""
+#: The CUDA calls the counts name, by the keys of asv_bodies' FenceCalls row (driver API).
+CALL_COSTS = {
+    "record": "cu_event_record",
+    "ready": "cu_event_query",
+    "stream_id": "cu_stream_get_id",
+    "is_capturing": "cu_stream_is_capturing",
+}
+
+
+def call_costs(path: pathlib.Path) -> dict:
+    """{count key: ns per CUDA call} from the FenceCalls row of a ``run native`` file."""
+    for line in path.read_text().splitlines():
+        bench = json.loads(line) if line.strip() else {}
+        if bench.get("bench") == "FenceCalls":
+            return {key: bench["ns"][name] for key, name in CALL_COSTS.items()}
+    raise ValueError(f"{path} holds no FenceCalls row: give a tools/asv_bodies.py run native file")
+
+
+def upstream_call_ns(path: pathlib.Path, chain: str = "rmm_pool") -> dict:
+    """{log: ns per call of ``chain`` alone} from a ``run replay`` file: 1e9 over the median
+    calls per second of its rounds."""
+    rates = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line) if line.strip() else {}
+        if r.get("chain") == chain and r.get("alloc_per_s"):
+            rates.setdefault(r["trace"], []).append(r["alloc_per_s"])
+    if not rates:
+        raise ValueError(
+            f"{path} holds no replay of {chain}: give a tools/asv_bodies.py run replay file"
+        )
+    return {trace: 1e9 / statistics.median(v) for trace, v in rates.items()}
+
+
+def cuda_ns_per_call(c: dict, costs: dict) -> float:
+    """ns of CUDA calls per call of the adaptor, at ``costs`` (``call_costs``)."""
+    calls = max(c["allocations"] + c["frees"], 1)
+    return sum(c[key] * ns for key, ns in costs.items()) / calls
+
+
+def row(name: str, c: dict, costs=None, upstream=None) -> str:
+    """One log's line: calls made, then per free and per call; with ``costs``, the ns of CUDA
+    calls per call, and with ``upstream`` ({log: ns per upstream call}) their share of it."""
     frees, calls = max(c["frees"], 1), max(c["allocations"] + c["frees"], 1)
     cells = [
         f"{c['allocations'] + c['frees']}",
@@ -96,28 +146,44 @@ def row(name: str, c: dict) -> str:
         f"{c['peak_pending_bytes'] / 2**20:.0f}",
         f"{c['released_elsewhere'] / max(c['released'], 1):.0%}",
     ]
+    if costs is not None:
+        ns = cuda_ns_per_call(c, costs)
+        cells.append(f"{ns:.1f}")
+        if upstream is not None:
+            cells.append(f"{ns / upstream[name]:.1%}" if name in upstream else "-")
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
-def report(names, traces, max_batch_frees, max_batch_bytes) -> list[str]:
+def report(
+    names, traces, max_batch_frees, max_batch_bytes, costs=None, upstream=None, sources=()
+) -> list[str]:
     limits = f"max_batch_frees {max_batch_frees}, max_batch_bytes " + (
         "none" if max_batch_bytes is None else f"{max_batch_bytes} bytes"
     )
+    extra_head, extra_rule = "", ""
+    if costs is not None:
+        extra_head += " | its CUDA calls, ns per call"
+        extra_rule += "---:|"
+        if upstream is not None:
+            extra_head += " | of rmm's pool's call in the replay"
+            extra_rule += "---:|"
+    priced = "".join(f"; {what} from {where}" for what, where in sources)
     lines = [
         "# SyncOnFree's CUDA calls per free (host model)",
         "",
         f"commit `{checkout_commit() or 'unknown'}`; deferred SyncOnFree's core over host memory,"
-        f" no GPU; {limits}; every fence complete from the next call on",
+        f" no GPU; {limits}; every fence complete from the next call on{priced}",
         "",
         "| log | calls | event records per free | event queries per free "
         "| stream-identity queries per free | capture tests per call "
         "| allocations taken back | allocations that reached the upstream "
-        "| peak pending MiB | handed upstream on another stream than the free |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| peak pending MiB | handed upstream on another stream than the free{extra_head} |",
+        f"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|{extra_rule}",
     ]
     for name in names:
         events = events_of(read_allocation_log(traces / f"{name}.csv.gz"))
-        lines.append(row(name, count(events, max_batch_frees, max_batch_bytes)))
+        counts = count(events, max_batch_frees, max_batch_bytes)
+        lines.append(row(name, counts, costs, upstream))
     return lines
 
 
@@ -133,11 +199,29 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SIZE",
         help="the adaptor's max_batch_bytes (bytes, a size such as 64MiB, or none)",
     )
+    parser.add_argument(
+        "--costs", type=pathlib.Path, help="a run native file: price the calls at its FenceCalls"
+    )
+    parser.add_argument(
+        "--replay", type=pathlib.Path, help="a run replay file: the share of rmm's pool's call"
+    )
     args = parser.parse_args(argv)
     if args.max_batch_frees < 1:
         parser.error(f"--max-batch-frees must be at least 1, got {args.max_batch_frees}")
+    if args.replay is not None and args.costs is None:
+        parser.error("--replay needs --costs (the calls' prices)")
     names = args.logs or log_names(args.traces)
-    print("\n".join(report(names, args.traces, args.max_batch_frees, args.max_batch_bytes)))
+    costs = call_costs(args.costs) if args.costs else None
+    upstream = upstream_call_ns(args.replay) if args.replay else None
+    sources = [
+        (what, path.name)
+        for what, path in (("call costs", args.costs), ("rmm's pool's calls", args.replay))
+        if path is not None
+    ]
+    lines = report(
+        names, args.traces, args.max_batch_frees, args.max_batch_bytes, costs, upstream, sources
+    )
+    print("\n".join(lines))
     return 0
 
 

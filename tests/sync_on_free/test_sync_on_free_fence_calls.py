@@ -2,8 +2,11 @@
 """tools/fence_calls.py: the CUDA calls deferred SyncOnFree makes per free on the recorded
 allocation logs, on its core over host memory (no GPU)."""
 
+import json
 import subprocess
 import sys
+
+import pytest
 
 from helpers.paths import TOOLS
 from helpers.scripts import load_script
@@ -60,3 +63,40 @@ def test_the_tool_prints_a_row_per_log_and_refuses_a_batch_of_no_frees():
     assert "max_batch_frees 16, max_batch_bytes 67108864 bytes" in run.stdout
     bad = subprocess.run([*script, "--max-batch-frees", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--max-batch-frees must be at least 1" in bad.stderr
+
+
+def test_priced_calls_are_the_counts_at_the_measured_costs_over_the_upstreams_call(tmp_path):
+    """--costs prices each counted call at its FenceCalls cost; --replay divides by one call of
+    rmm's pool (1e9 over the median of its rounds' calls per second)."""
+    tool = load_script(TOOLS / "fence_calls.py")
+    native = tmp_path / "native.jsonl"
+    ns = {"cu_event_record": 100.0, "cu_event_query": 10.0, "cu_stream_get_id": 1.0}
+    native.write_text(
+        '{"environment": {}}\n'
+        + json.dumps({"bench": "FenceCalls", "ns": {**ns, "cu_stream_is_capturing": 0.5}})
+        + "\n"
+    )
+    replay = tmp_path / "replay.jsonl"
+    rounds = [(1e6, 0), (2e6, 1), (4e6, 2)]  # median 2e6 calls/s: 500 ns a call
+    replay.write_text(
+        "".join(
+            json.dumps({"trace": "reduce_1m", "chain": c, "round": k, "alloc_per_s": rate}) + "\n"
+            for rate, k in rounds
+            for c in ("rmm_pool", "rmm_fences_pool")
+        )
+    )
+    costs = tool.call_costs(native)
+    assert costs == {"record": 100.0, "ready": 10.0, "stream_id": 1.0, "is_capturing": 0.5}
+    assert tool.upstream_call_ns(replay) == {"reduce_1m": 500.0}
+    c = tool.count(_events(tool, "reduce_1m"))
+    want = (100 * c["record"] + 10 * c["ready"] + c["stream_id"] + 0.5 * c["is_capturing"]) / (
+        c["allocations"] + c["frees"]
+    )
+    assert tool.cuda_ns_per_call(c, costs) == pytest.approx(want)
+    cells = tool.row("reduce_1m", c, costs, {"reduce_1m": 500.0}).strip("| ").split(" | ")
+    assert cells[-2:] == [f"{want:.1f}", f"{want / 500:.1%}"]
+    script = [sys.executable, str(TOOLS / "fence_calls.py"), "reduce_1m"]
+    bad = subprocess.run([*script, "--replay", str(replay)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--replay needs --costs" in bad.stderr
+    with pytest.raises(ValueError, match="no FenceCalls row"):
+        tool.call_costs(replay)
