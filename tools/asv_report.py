@@ -527,8 +527,9 @@ def render_downstream(path, rel, options):
 
 
 def _host_report(path, rel):
-    """A host-model tool's report (tools/footprint_breakdown.py, tools/fence_calls.py): its
-    lines, and the commit and note from the line under its title."""
+    """A host-model tool's report (tools/footprint_breakdown.py, tools/fence_calls.py,
+    tools/rmm_pool_lists.py): its lines, and the commit and note from the line under its
+    title."""
     lines = path.read_text().splitlines()
     meta = _env_meta(rel, None)
     m = re.search(
@@ -547,8 +548,8 @@ def _log_table(lines):
 
 
 def render_fence_calls(path, rel, options):
-    """tools/fence_calls.py's report: its table, with the commit from the line under its
-    title."""
+    """tools/fence_calls.py's (or tools/rmm_pool_lists.py's) report: its table, with the
+    commit from the line under its title."""
     lines, meta = _host_report(path, rel)
     return meta, _log_table(lines)
 
@@ -599,6 +600,7 @@ KINDS = {
     "downstream": render_downstream,
     "footprint": render_footprint,
     "fence-calls": render_fence_calls,
+    "rmm-pool-lists": render_fence_calls,  # the same shape: a host model's table of logs
 }
 
 
