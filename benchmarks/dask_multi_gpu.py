@@ -11,19 +11,26 @@ the tables made on the workers, then each operation persisted and timed. A resul
 (GPUs, chain, operation) goes to ``--out`` as JSON lines: seconds, the peak device memory of
 each GPU above its idle use (NVML, sampled every 5 ms), what dask-cuda spilled, the tracker's
 hazards, and the checks (sampled groups rebuilt on the host, the merge's rows and values, the
-sort's order). The markdown table (``multi_gpu.render``) is printed last. Needs dask-cuda,
-dask-cudf, distributed, cuDF, CuPy and pynvml.
+sort's order), after a first line ``{"environment": ...}`` (the commit, GPU, driver and
+package versions of the run; ``--out`` is written anew). The markdown table
+(``multi_gpu.render``) is printed last; tools/asv_report.py renders it and its chart
+(``multi_gpu.chart``) into docs/dask.md from the file. Needs dask-cuda, dask-cudf,
+distributed, cuDF, CuPy and pynvml.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 import threading
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tools")]
+
+from asv_bodies import recorded_environment  # noqa: E402
 
 from rmm_fences_bench import multi_gpu as M  # noqa: E402
 
@@ -241,7 +248,8 @@ def main(argv=None) -> int:
         print(f"no GPU count of {args.gpus} fits the {have} GPUs here", file=sys.stderr)
         return 2
     rows = []
-    with args.out.open("a") as out:
+    with args.out.open("w") as out:
+        print(json.dumps({"environment": recorded_environment()}), file=out, flush=True)
         for gpus in counts:
             for chain in args.chain or list(M.CHAINS):
                 for row in run_one(gpus, chain, args):

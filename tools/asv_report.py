@@ -55,14 +55,19 @@ RENAMED = {
 NOT_RECORDED = "not recorded"
 
 
-def _tool(name: str):
-    """Another script of tools/, imported as a module."""
+def _load_file(path: pathlib.Path, name: str):
+    """The Python file ``path``, imported once as the module ``name``."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).parent / name)
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def _tool(name: str):
+    """Another script of tools/, imported as a module."""
+    return _load_file(pathlib.Path(__file__).parent / name, name)
 
 
 # One number format and one size label for every table of the docs (tools/asv_bodies.py's).
@@ -547,6 +552,18 @@ def _log_table(lines):
     return "\n".join(x for x in _table_at(lines, start))
 
 
+def _multi_gpu():
+    """benchmarks/rmm_fences_bench/multi_gpu.py, loaded alone (the package's __init__ needs
+    its native loops, which rendering does not)."""
+    return _load_file(ROOT / "benchmarks" / "rmm_fences_bench" / "multi_gpu.py", "_multi_gpu")
+
+
+def render_dask_multi_gpu(path, rel, options):
+    """benchmarks/dask_multi_gpu.py's ``--out`` file: the table of ``multi_gpu.render``."""
+    env, rows = _multi_gpu().read_rows(path)
+    return _env_meta(rel, env), "\n".join(_multi_gpu().render(rows))
+
+
 def render_fence_calls(path, rel, options):
     """tools/fence_calls.py's (or tools/rmm_pool_lists.py's) report: its table, with the
     commit from the line under its title."""
@@ -601,6 +618,7 @@ KINDS = {
     "footprint": render_footprint,
     "fence-calls": render_fence_calls,
     "rmm-pool-lists": render_fence_calls,  # the same shape: a host model's table of logs
+    "dask-multi-gpu": render_dask_multi_gpu,
 }
 
 
@@ -748,6 +766,8 @@ def draw(kind: str, rel: str, png: pathlib.Path) -> None:
         charts(load(str(path), "h200")[0], str(png))
     elif kind == "replay":
         _tool("asv_bodies.py").chart_replay(path, str(png))
+    elif kind == "dask-multi-gpu":
+        _multi_gpu().chart(_multi_gpu().read_rows(path)[1], str(png))
     elif kind == "doctor":
         from rmm_fences._cli.doctor import Cell, plot
 

@@ -137,6 +137,21 @@ class Row:
         return json.dumps(dataclasses.asdict(self))
 
 
+def read_rows(path) -> tuple[dict | None, list[Row]]:
+    """(environment, rows) of a ``--out`` file: its ``{"environment": ...}`` line (the commit,
+    GPU, driver and package versions of the run; None where the file has none) and its rows."""
+    env, rows = None, []
+    for line in pathlib.Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        data = json.loads(line)
+        if "environment" in data:
+            env = data["environment"]
+        else:
+            rows.append(Row(**data))
+    return env, rows
+
+
 def scaling(rows: list[Row], chain: str, operation: str) -> dict[int, float]:
     """Per GPU count: the time on 1 GPU over the time on N (weak scaling: 1.0 is perfect)."""
     times = {r.gpus: r.seconds for r in rows if r.chain == chain and r.operation == operation}
@@ -168,3 +183,46 @@ def render(rows: list[Row], reference: str = "cuda_async") -> list[str]:
             f"{'ok' if not r.problems else '; '.join(r.problems)} |"
         )
     return out
+
+
+def chart(rows: list[Row], png, reference: str = "cuda_async") -> None:
+    """A column per operation: on top each chain's seconds over the reference's on the same GPU
+    count (1.0: as fast), below its weak scaling (its time on 1 GPU over its time on N: 1.0
+    is perfect), per GPU count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted({r.gpus for r in rows})
+    chains = list(dict.fromkeys(r.chain for r in rows))
+    by = {(r.gpus, r.operation, r.chain): r for r in rows}
+    fig, axes = plt.subplots(
+        2, len(OPERATIONS), figsize=(4.5 * len(OPERATIONS), 7), sharex=True, sharey="row"
+    )
+    for (speed, scale), op in zip(axes.T, OPERATIONS):
+        for chain in chains:
+            vs = [
+                (n, by[(n, op, chain)].seconds / by[(n, op, reference)].seconds)
+                for n in counts
+                if (n, op, chain) in by and (n, op, reference) in by
+            ]
+            if vs:
+                speed.plot(*zip(*vs), marker="o", label=chain)
+            eff = scaling(rows, chain, op)
+            if eff:
+                scale.plot(list(eff), list(eff.values()), marker="o", label=chain)
+        for ax in (speed, scale):
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(counts, [str(n) for n in counts])
+        speed.set_title(op)
+        scale.set_xlabel("GPUs")
+    axes[0][0].set_ylabel(f"seconds / {reference}'s")
+    axes[1][0].set_ylabel("time on 1 GPU / time on N")
+    axes[0][-1].legend(fontsize=8)
+    per_gpu = max((r.rows // r.gpus for r in rows), default=0)
+    fig.suptitle(f"Dask-cuDF per chain, {per_gpu:,} rows per GPU (weak scaling)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)

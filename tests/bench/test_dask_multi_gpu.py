@@ -111,3 +111,37 @@ def test_workers_get_the_row_stack_alias_only_where_numpy_lacks_it(monkeypatch):
         assert np.row_stack is np.vstack
     finally:  # numpy without row_stack gets none back (monkeypatch restores one it had)
         np.__dict__.pop("row_stack", None)
+
+
+def _run_file(tmp_path):
+    """A --out file of a run on 1 and 2 GPUs: the environment line, then a row per case."""
+    env = {"commit": "0123456789abcdef", "gpu": "NVIDIA H200", "driver": "580.159.04"}
+    rows = [
+        M.Row(g, chain, op, seconds, 100 * g, [1024.0] * g, hazards=0 if "track" in chain else None)
+        for g in (1, 2)
+        for op in M.OPERATIONS
+        for chain, seconds in (("cuda_async", 10.0 * g), ("tracking_pool", 9.0 * g))
+    ]
+    path = tmp_path / "dask.jsonl"
+    path.write_text(
+        json.dumps({"environment": env}) + "\n" + "".join(r.to_json() + "\n" for r in rows)
+    )
+    return path, env, rows
+
+
+def test_a_run_file_reads_back_with_its_environment_and_renders_into_the_docs(tmp_path):
+    path, env, rows = _run_file(tmp_path)
+    assert M.read_rows(path) == (env, rows)
+    report = load_script(ROOT / "tools" / "asv_report.py")
+    meta, table = report.KINDS["dask-multi-gpu"](path, "data/dask/run.jsonl", {})
+    assert meta["commit"] == env["commit"] and meta["gpu"] == env["gpu"]
+    assert table.splitlines() == M.render(rows)
+    assert "| 2 | sort | tracking_pool | 18.00 | 0.900 | 0.50 | 1.0 | 0 | ok |" in table
+
+
+def test_the_chart_draws_each_operation_against_cuda_async(tmp_path):
+    pytest.importorskip("matplotlib")
+    path, _, rows = _run_file(tmp_path)
+    png = tmp_path / "dask.png"
+    M.chart(rows, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
