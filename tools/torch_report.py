@@ -14,9 +14,10 @@ ratios against PyTorch's caching allocator from the same run (medians over ``--r
 rounds) and the 95% interval of the ratio (from the per-round ratios, each against PyTorch's
 allocator in the same round). ``--until-width 0.02`` runs rounds until every interval is
 narrower than 2% (at least 3 rounds, at most ``--repeat``). Rows are saved after every run, so
-a time limit keeps what ran. The file is ``{"environment": ..., "rows": [...]}``: the commit,
-GPU, driver and package versions of the run beside its rows (``load`` also reads a bare list of
-rows, as older files hold).
+a time limit keeps what ran, and ``--resume`` goes on from the rounds in ``--json`` (a run of
+the same commit) up to ``--repeat`` rounds in all. The file is ``{"environment": ...,
+"rows": [...]}``: the commit, GPU, driver and package versions of the run beside its rows
+(``load`` also reads a bare list of rows, as older files hold).
 """
 
 from __future__ import annotations
@@ -159,12 +160,15 @@ def train(
     allocators=None,
     until_width: float | None = None,
     warmup: int = 3,
+    rows: list | None = None,
 ) -> tuple[list, str]:
     """Each model under each allocator, ``repeat`` rounds (allocators alternating within a
     round), one process per run; with ``until_width``, fewer rounds once every ratio interval
-    is narrower than that (after 3 rounds at least)."""
-    rows = []
-    for round_ in range(repeat):
+    is narrower than that (after 3 rounds at least). ``rows``: those of earlier rounds of the
+    same run, which the rounds go on from (``repeat`` counts them)."""
+    rows = list(rows or [])
+    first = max((r.get("round", 0) for r in rows), default=-1) + 1
+    for round_ in range(first, repeat):
         if until_width is not None and round_ >= 3 and narrow_enough(rows, until_width):
             break
         for model in workloads.MODELS:
@@ -239,6 +243,11 @@ def main() -> int:
     )
     parser.add_argument("--allocators", nargs="+", choices=list(workloads.ALLOCATORS))
     parser.add_argument("--table", action="store_true", help="print the table of the --json rows")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="train: go on from the rounds already in --json (a run of the same commit)",
+    )
     args = parser.parse_args()
 
     if args.table:
@@ -248,6 +257,17 @@ def main() -> int:
         print(table_of(load(args.json)[1]))
         return 0
     env = environment() if args.json else None
+    earlier = []
+    if args.resume:
+        if args.json is None or args.what != "train":
+            parser.error("--resume goes on with the train rounds in --json: give train --json")
+        if args.json.exists():
+            was, earlier = load(args.json)
+            if (was or {}).get("commit") != env.get("commit"):
+                parser.error(
+                    f"--resume: {args.json} holds a run of commit {(was or {}).get('commit')}, "
+                    f"not of this one ({env.get('commit')}): start a new file"
+                )
 
     def save(rows):
         if args.json:
@@ -259,7 +279,7 @@ def main() -> int:
         rows, table = hazards(args.trials, save)
     else:
         rows, table = train(
-            args.steps, save, args.repeat, args.allocators, args.until_width, args.warmup
+            args.steps, save, args.repeat, args.allocators, args.until_width, args.warmup, earlier
         )
     print(table)
     return 0

@@ -71,3 +71,36 @@ def test_a_file_keeps_its_environment_and_older_bare_lists_still_load(tmp_path):
     old.write_text(json.dumps(rows))
     assert report.load(new) == (env, rows)
     assert report.load(old) == (None, rows)
+
+
+def test_train_goes_on_from_the_rounds_of_an_earlier_call(monkeypatch):
+    """Rounds already run are kept and counted: two more rounds after two make four, each
+    allocator once per model and round, in rounds 2 and 3."""
+    calls = []
+
+    def fake_run(command, allocator):
+        calls.append((command[2], allocator))
+        return {"step_s": 1.0, "peak_used_bytes": 1 << 30}
+
+    monkeypatch.setattr(report, "_run", fake_run)
+    monkeypatch.setattr(report.workloads, "MODELS", ("resnet50",))
+    earlier = [{**r, "peak_used_bytes": 1 << 30} for r in rows_of([1.0, 1.01])]
+    rows, _ = report.train(1, repeat=4, allocators=["torch", "fences_pool"], rows=earlier)
+    assert rows[: len(earlier)] == earlier
+    assert [(r["round"], r["allocator"]) for r in rows[len(earlier) :]] == [
+        (2, "torch"),
+        (2, "fences_pool"),
+        (3, "torch"),
+        (3, "fences_pool"),
+    ]
+    assert len(calls) == 4
+
+
+def test_resume_refuses_a_file_of_another_commit(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"environment": {"commit": "old"}, "rows": rows_of([1.0])}))
+    monkeypatch.setattr(report, "environment", lambda: {"commit": "new"})
+    monkeypatch.setattr("sys.argv", ["torch_report.py", "train", "--json", str(path), "--resume"])
+    with pytest.raises(SystemExit):
+        report.main()
+    assert "holds a run of commit old" in capsys.readouterr().err
