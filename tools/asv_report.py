@@ -560,13 +560,14 @@ def _multi_gpu():
 
 def render_dask_multi_gpu(path, rel, options):
     """benchmarks/dask_multi_gpu.py's ``--out`` file: the table of ``multi_gpu.render``."""
-    env, rows = _multi_gpu().read_rows(path)
-    return _env_meta(rel, env), "\n".join(_multi_gpu().render(rows))
+    multi_gpu = _multi_gpu()
+    env, rows = multi_gpu.read_rows(path)
+    return _env_meta(rel, env), "\n".join(multi_gpu.render(rows))
 
 
-def render_fence_calls(path, rel, options):
-    """tools/fence_calls.py's (or tools/rmm_pool_lists.py's) report: its table, with the
-    commit from the line under its title."""
+def render_host_table(path, rel, options):
+    """The report of tools/fence_calls.py or tools/rmm_pool_lists.py: its table of logs, with
+    the commit from the line under its title."""
     lines, meta = _host_report(path, rel)
     return meta, _log_table(lines)
 
@@ -616,8 +617,8 @@ KINDS = {
     "torch-training": render_torch_training,
     "downstream": render_downstream,
     "footprint": render_footprint,
-    "fence-calls": render_fence_calls,
-    "rmm-pool-lists": render_fence_calls,  # the same shape: a host model's table of logs
+    "fence-calls": render_host_table,
+    "rmm-pool-lists": render_host_table,
     "dask-multi-gpu": render_dask_multi_gpu,
 }
 
@@ -767,7 +768,8 @@ def draw(kind: str, rel: str, png: pathlib.Path) -> None:
     elif kind == "replay":
         _tool("asv_bodies.py").chart_replay(path, str(png))
     elif kind == "dask-multi-gpu":
-        _multi_gpu().chart(_multi_gpu().read_rows(path)[1], str(png))
+        multi_gpu = _multi_gpu()
+        multi_gpu.chart(multi_gpu.read_rows(path)[1], str(png))
     elif kind == "doctor":
         from rmm_fences._cli.doctor import Cell, plot
 

@@ -35,14 +35,13 @@ the share of its upstream's call time the adaptor's CUDA calls add.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
-from asv_bodies import checkout_commit  # noqa: E402
+from asv_bodies import _rows, checkout_commit  # noqa: E402
 from footprint_breakdown import STREAM_BASE, TRACES, events_of, log_names  # noqa: E402
 
 from rmm_fences_bench import read_allocation_log  # noqa: E402
@@ -54,29 +53,48 @@ DEFAULT_FREES = 16
 DEFAULT_BYTES = 64 << 20
 
 
+def replay_calls(core, events):
+    """Replays ``events`` (``footprint_breakdown.events_of``) through the SyncOnFree core
+    ``core`` (a ``HostSyncOnFree``) one call at a time in recorded order, recorded stream k as
+    stream ``STREAM_BASE + k``, every fence complete from the next call on (nothing runs on the
+    streams). Yields per call ``(action, ptr, nbytes, stream, reached_upstream, releases)``:
+    whether the call allocated from the upstream, and the blocks it handed upstream, in order,
+    as ``(ptr, stream of its free, stream of its release)``. Frees of blocks the log did not
+    allocate make no call."""
+    live, freed_on, released = {}, {}, 0
+    for action, ident, nbytes, stream in events:
+        s = STREAM_BASE + stream
+        before = core.calls["upstream_allocate"]
+        if action == ALLOCATE:
+            ptr = core.allocate(nbytes, stream=s)
+            live[ident] = (ptr, nbytes)
+        elif ident in live:
+            ptr, nbytes = live.pop(ident)
+            freed_on[ptr] = s
+            core.deallocate(ptr, nbytes, stream=s)
+        else:
+            continue
+        done = core.releases_since(released)
+        released += len(done)
+        # a block is freed again only after it went upstream or was taken back: the stream of
+        # its last free is the one of the free its release ends
+        releases = [(p, freed_on[p], on) for p, _, on, _ in done]
+        yield action, ptr, nbytes, s, core.calls["upstream_allocate"] > before, releases
+        core.signal_all()
+
+
 def count(events, max_batch_frees=DEFAULT_FREES, max_batch_bytes=DEFAULT_BYTES) -> dict:
     """Replays ``events`` (``footprint_breakdown.events_of``) through deferred SyncOnFree's core;
     the platform's and the upstream's calls, the allocations and frees made, the take-backs."""
     core = HostSyncOnFree(max_batch_frees=max_batch_frees, max_batch_bytes=max_batch_bytes)
     _ = core.calls  # the counts start from the first call
-    live, allocations, frees = {}, 0, 0
-    freed_on = {}  # pointer -> the stream of its last free
+    allocations, frees = 0, 0
     released, elsewhere = 0, 0  # blocks handed upstream; of those, on another stream
-    for action, ident, nbytes, stream in events:
-        if action == ALLOCATE:
-            live[ident] = (core.allocate(nbytes, stream=STREAM_BASE + stream), nbytes)
-            allocations += 1
-        elif ident in live:
-            ptr, size = live.pop(ident)
-            freed_on[ptr] = STREAM_BASE + stream
-            core.deallocate(ptr, size, stream=STREAM_BASE + stream)
-            frees += 1
-        # a block is freed again only after it went upstream or was taken back: the stream of
-        # its last free is the one of the free its release ends
-        for ptr, _, on, _ in core.releases_since(released):
-            elsewhere += on != freed_on[ptr]
-            released += 1
-        core.signal_all()  # complete from the next call on: nothing runs on the streams
+    for action, _, _, _, _, releases in replay_calls(core, events):
+        allocations += action == ALLOCATE
+        frees += action != ALLOCATE
+        released += len(releases)
+        elsewhere += sum(freed != on for _, freed, on in releases)
     calls = core.calls
     reuses = core.reuses
     if reuses["unsafe"]:
@@ -103,8 +121,7 @@ CALL_COSTS = {
 
 def call_costs(path: pathlib.Path) -> dict:
     """{count key: ns per CUDA call} from the FenceCalls row of a ``run native`` file."""
-    for line in path.read_text().splitlines():
-        bench = json.loads(line) if line.strip() else {}
+    for bench in _rows(path):
         if bench.get("bench") == "FenceCalls":
             return {key: bench["ns"][name] for key, name in CALL_COSTS.items()}
     raise ValueError(f"{path} holds no FenceCalls row: give a tools/asv_bodies.py run native file")
@@ -114,8 +131,7 @@ def upstream_call_ns(path: pathlib.Path, chain: str = "rmm_pool") -> dict:
     """{log: ns per call of ``chain`` alone} from a ``run replay`` file: 1e9 over the median
     calls per second of its rounds."""
     rates = {}
-    for line in path.read_text().splitlines():
-        r = json.loads(line) if line.strip() else {}
+    for r in _rows(path):
         if r.get("chain") == chain and r.get("alloc_per_s"):
             rates.setdefault(r["trace"], []).append(r["alloc_per_s"])
     if not rates:

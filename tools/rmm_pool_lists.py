@@ -42,7 +42,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
 from asv_bodies import checkout_commit  # noqa: E402
-from footprint_breakdown import STREAM_BASE, TRACES, events_of, log_names  # noqa: E402
+from fence_calls import replay_calls  # noqa: E402
+from footprint_breakdown import TRACES, events_of, log_names, one_pass  # noqa: E402
 
 from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_bench.alloc_log import ALLOCATE  # noqa: E402
@@ -153,48 +154,33 @@ class RmmPoolModel:
         self.counts["grown"] += 1
         return self._take((ptr, chunk, True), size, own)
 
-    def deallocate(self, ptr: int, stream: int) -> None:
+    def deallocate(self, ptr: int, nbytes: int | None = None, *, stream: int) -> None:
+        """Frees ``ptr`` on ``stream`` (``nbytes``: as a pool's deallocate takes it; the model
+        knows the block's size)."""
         size = self.sizes.pop(ptr)
         self.lists.setdefault(stream, FreeList()).insert(ptr, size, ptr in self.heads)
 
 
 def alone(events) -> RmmPoolModel:
     """rmm's pool replaying the log by itself."""
-    pool, live = RmmPoolModel(), {}
-    for action, ident, nbytes, stream in events:
-        if action == ALLOCATE:
-            live[ident] = pool.allocate(nbytes, STREAM_BASE + stream)
-        elif ident in live:
-            pool.deallocate(live.pop(ident), STREAM_BASE + stream)
+    pool = RmmPoolModel()
+    one_pass(pool, events)
     return pool
 
 
 def under_sync_on_free(events, release_on_free_stream: bool = False) -> RmmPoolModel:
-    """rmm's pool as deferred SyncOnFree's upstream: the adaptor's core replays the log, and
-    each call's upstream calls reach the model in order (the blocks whose fence completed
-    first, then the call's own allocation when it took no block back). With
-    ``release_on_free_stream`` a block goes back on the stream that freed it."""
-    core, pool = HostSyncOnFree(), RmmPoolModel()
+    """rmm's pool as deferred SyncOnFree's upstream: the adaptor's core replays the log
+    (``fence_calls.replay_calls``), and each call's upstream calls reach the model in order
+    (the blocks whose fence completed first, then the call's own allocation when it took no
+    block back). With ``release_on_free_stream`` a block goes back on the stream that freed
+    it."""
+    core, pool, mapped = HostSyncOnFree(), RmmPoolModel(), {}
     _ = core.calls  # the counts start from the first call
-    live, mapped, freed_on, released = {}, {}, {}, 0
-    for action, ident, nbytes, stream in events:
-        s = STREAM_BASE + stream
-        before = core.calls["upstream_allocate"]
-        if action == ALLOCATE:
-            ptr = core.allocate(nbytes, stream=s)
-            live[ident] = (ptr, nbytes)
-        elif ident in live:
-            ptr, n = live.pop(ident)
-            freed_on[ptr] = s
-            core.deallocate(ptr, n, stream=s)
-        else:
-            continue
-        for rptr, _, on, _ in core.releases_since(released):
-            pool.deallocate(mapped.pop(rptr), freed_on[rptr] if release_on_free_stream else on)
-            released += 1
-        if action == ALLOCATE and core.calls["upstream_allocate"] > before:
-            mapped[ptr] = pool.allocate(nbytes, s)
-        core.signal_all()  # complete from the next call on: nothing runs on the streams
+    for action, ptr, nbytes, stream, reached_upstream, releases in replay_calls(core, events):
+        for rptr, freed, on in releases:
+            pool.deallocate(mapped.pop(rptr), stream=freed if release_on_free_stream else on)
+        if action == ALLOCATE and reached_upstream:
+            mapped[ptr] = pool.allocate(nbytes, stream=stream)
     return pool
 
 

@@ -38,31 +38,25 @@ HAZARD_ALLOCATORS = ["torch", "rmm_async", "rmm_pool", "fences_pool", "fences_tr
 
 
 def environment() -> dict:
-    """The commit, GPU, driver and package versions this run measures, read in a process of
-    its own (this one stays without a CUDA context, so that it holds no device memory while
-    the runs measure theirs)."""
+    """``asv_bodies.recorded_environment()`` (the commit, GPU, driver and package versions this
+    run measures), read in a process of its own (this one stays without a CUDA context, so that
+    it holds no device memory while the runs measure theirs); the commit alone where that
+    process fails."""
+    tools = pathlib.Path(__file__).resolve().parent
     probe = (
-        "import json; from rmm_fences._cuda import environment; print(json.dumps(environment()))"
+        f"import json, sys; sys.path.insert(0, {str(tools)!r}); "
+        "from asv_bodies import recorded_environment; print(json.dumps(recorded_environment()))"
     )
     try:
-        out = (
-            subprocess.run(
-                [sys.executable, "-c", probe],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
+        run = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
         )
-        env = json.loads(out)
+        return json.loads(run.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, IndexError, ValueError):
-        env = {}
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from asv_bodies import checkout_commit
+        sys.path.insert(0, str(tools))
+        from asv_bodies import checkout_commit
 
-    return {"commit": checkout_commit(), **env}
+        return {"commit": checkout_commit()}
 
 
 def load(path: pathlib.Path) -> tuple[dict | None, list]:
