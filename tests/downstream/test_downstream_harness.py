@@ -188,6 +188,33 @@ def test_deadline_leaves_files_for_resume(suite, tmp_path):
     assert entry["files_pending"] == [] and entry["counts"]["passed"] == 4
 
 
+VANISH = """
+    import pathlib
+    import shutil
+
+    def test_takes_its_suite_away():
+        shutil.rmtree(pathlib.Path(__file__).parent)
+    """
+
+
+def test_a_file_that_cannot_start_is_left_unfinished_and_the_rest_reported(suite, tmp_path):
+    """A file whose pytest cannot start (its suite's folder gone under the run) is one file
+    not finished; the run goes on and writes its summary, where it used to die on the
+    FileNotFoundError with every finished file's result unreported."""
+    # the largest file starts first: padded, it runs before test_pass.py
+    (suite / "test_0_vanish.py").write_text(textwrap.dedent(VANISH) + "#" * 4096 + "\n")
+    out = tmp_path / "out"
+    files = ("--files", "test_0_vanish.py", "test_pass.py")
+    r = run_fake(suite, out, *files, "--only-baseline", "--jobs", 1)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "test_pass: could not start pytest" in r.stderr
+    # the vanishing file itself is reported (its pytest, in a deleted folder, ends without a
+    # complete report: a crash), and test_pass.py is the one file not finished
+    entry = json.loads((out / "summary.json").read_text())["results"]["fake"]["baseline"]
+    assert entry["files_pending"] == ["test_pass.py"] and entry["files_done"] == 1
+    assert "1 file(s) not finished" in r.stdout
+
+
 def _load_run():
     return load_script(RUN, "downstream_run")
 

@@ -602,16 +602,24 @@ def run_job(job, suites, out, args):
         with _lock:  # no process starts once an interrupt has collected the running ones
             if _stopping.is_set():
                 return None
-            proc = subprocess.Popen(
-                cmd,
-                cwd=root,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            _running.add(proc)
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=root,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # the suite's folder gone, say: this file alone is lost
+                print(f"{job['base']}: could not start pytest: {exc}", file=sys.stderr)
+                proc = None
+            else:
+                _running.add(proc)
+        if proc is None:
+            Path(f"{base}.log").unlink(missing_ok=True)
+            return None  # not finished: the summary lists it, and a --resume runs it
         try:
             proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
