@@ -234,7 +234,7 @@ def run_native(out):
         Rd.CubTempStoragePlanLoop,
         {"chain": ["preallocated", *CHAINS], "n": Rd.SIZES},
         out,
-        lambda b, c, n: {"ratio": b.track_ratio_to_preallocated(c, n)},
+        lambda b, c, n: {"ratio": b.track_ratio_to_preallocated(c, n), "floor_us": b.floor_us},
     )
 
 
@@ -414,6 +414,16 @@ def table_native(path, part=None):
     parts["pages"] = "\n".join(lines)
     plan = {(r["chain"], r["n"]): r["ratio"] for r in by.get("CubTempStoragePlanLoop", [])}
     parts["plan"] = _per_size(plan, (), suffix="", fmt=lambda x: f"{x:.3f}x")
+    floors = {}  # the bare call's time per size, over the rounds of every chain (newer runs)
+    for r in by.get("CubTempStoragePlanLoop", []):
+        if "floor_us" in r:
+            floors.setdefault(r["n"], []).append(r["floor_us"])
+    if floors:
+        cells = [
+            number(statistics.median(floors[n])) if n in floors else "-"
+            for n in dict.fromkeys(n for _, n in plan)
+        ]
+        parts["plan"] += "\n| the preallocated call itself, us | " + " | ".join(cells) + " |"
     if part is not None:
         return parts[part]
     return "\n\n".join(parts[p] for p in NATIVE_PARTS)

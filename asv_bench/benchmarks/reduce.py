@@ -59,7 +59,8 @@ class CubTempStoragePlanLoop(CubTempStorageLoop):
     lock and launch, no allocation). track_ratio_to_preallocated: the time per call of the plan
     over the preallocated buffer's, from CUDA events around 200 back-to-back calls of each,
     interleaved: the median of 5 rounds' ratios (a ratio within a round is stable where the
-    machine's speed drifts between rounds; docs/performance.md)."""
+    machine's speed drifts between rounds; docs/performance.md); ``floor_us`` is then the
+    median time per call of the preallocated call in those rounds."""
 
     params = [["preallocated", *CHAINS], SIZES]
     plan = True
@@ -97,11 +98,13 @@ class CubTempStoragePlanLoop(CubTempStorageLoop):
 
         floor = cub_temp_loop(self.x, self.out, None, self.stream)
         floor()
-        ratios = []
+        ratios, floors = [], []
         for _ in range(5):
             floor_us = event_time_us(floor, self.stream, 200, 1)
             plan_us = event_time_us(self.fn, self.stream, 200, 1)
             ratios.append(plan_us / floor_us)
+            floors.append(floor_us)
+        self.floor_us = statistics.median(floors)  # the bare call's time, for the native table
         got = float(self.out.get()[0])  # the plan's last sum
         ref = float(self.x.astype(self.cupy.float64).sum().get())
         if not np.isclose(got, ref, rtol=1e-3, atol=1e-2):
