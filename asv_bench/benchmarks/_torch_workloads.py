@@ -28,10 +28,12 @@ ALLOCATORS = {
     "rmm_pool": "rmm_torch_allocator over rmm's PoolMemoryResource(cuda, 1 GiB initial)",
     "fences_pool": "rmm_fences.allocators.torch over pool(cuda), the pool's own growth rule",
     "fences_tracker": "rmm_fences.allocators.torch over tracking(pool(cuda))",
+    "fences_vmm_pool": "rmm_fences.allocators.torch over vmm_pool, the pool over pages it maps",
 }
 FENCES_SPECS = {
     "fences_pool": "pool(cuda)",
     "fences_tracker": "tracking(pool(cuda), on_hazard=record)",
+    "fences_vmm_pool": "vmm_pool",
 }
 MODELS = ("gpt2_small", "resnet50")
 PATTERNS = ("prefetch", "offload")

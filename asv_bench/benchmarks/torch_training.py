@@ -17,7 +17,7 @@ _NAMES = ["model", "allocator"]
 class Training:
     params = _PARAMS
     param_names = _NAMES
-    timeout = 1800  # setup_cache trains 2 models x 6 allocators, one process each
+    timeout = 1800  # setup_cache trains 2 models x 7 allocators, one process each
 
     def setup_cache(self):
         # No GPU or no PyTorch: no results, and setup() skips every cell with the reason.

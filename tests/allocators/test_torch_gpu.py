@@ -68,7 +68,7 @@ def test_install_first_then_pytorch_allocates_through_it():
 
 
 @pytest.mark.parametrize(("model", "batch"), [("gpt2_small", 2), ("resnet50", 16)])
-@pytest.mark.parametrize("allocator", ["fences_pool", "fences_tracker"])
+@pytest.mark.parametrize("allocator", ["fences_pool", "fences_tracker", "fences_vmm_pool"])
 def test_training_steps_match_pytorchs_allocator(model, batch, allocator):
     args = ["--steps", "3", "--warmup", "0", "--batch", str(batch)]
     ref = workloads.run(["train", "torch", model, *args], "torch")
