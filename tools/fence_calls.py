@@ -42,9 +42,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
 from asv_bodies import _rows, checkout_commit  # noqa: E402
-from footprint_breakdown import STREAM_BASE, TRACES, events_of, log_names  # noqa: E402
+from footprint_breakdown import STREAM_BASE, TRACES, log_events, log_names  # noqa: E402
 
-from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_bench.alloc_log import ALLOCATE  # noqa: E402
 from rmm_fences_bench.cli import size as size_argument  # noqa: E402
 from rmm_fences_testing import HostSyncOnFree  # noqa: E402
@@ -197,7 +196,7 @@ def report(
         f"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|{extra_rule}",
     ]
     for name in names:
-        events = events_of(read_allocation_log(traces / f"{name}.csv.gz"))
+        events = log_events(traces, name)
         counts = count(events, max_batch_frees, max_batch_bytes)
         lines.append(row(name, counts, costs, upstream))
     return lines

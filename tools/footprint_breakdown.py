@@ -153,6 +153,11 @@ def events_of(trace) -> list[tuple[int, int, int, int]]:
     return [(a, i, n, int(s)) for a, i, n, s in events]
 
 
+def log_events(traces, name: str) -> list[tuple[int, int, int, int]]:
+    """The events (``events_of``) of the log ``name`` recorded in the folder ``traces``."""
+    return events_of(read_allocation_log(pathlib.Path(traces) / f"{name}.csv.gz"))
+
+
 def one_pass(pool, events) -> None:
     """The log once, in order (recorded stream k is host stream STREAM_BASE + k); what it
     leaves live is freed after it."""

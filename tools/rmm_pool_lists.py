@@ -43,9 +43,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "native"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
 from asv_bodies import checkout_commit  # noqa: E402
 from fence_calls import replay_calls  # noqa: E402
-from footprint_breakdown import TRACES, events_of, log_names, one_pass  # noqa: E402
+from footprint_breakdown import TRACES, log_events, log_names, one_pass  # noqa: E402
 
-from rmm_fences_bench import read_allocation_log  # noqa: E402
 from rmm_fences_bench.alloc_log import ALLOCATE  # noqa: E402
 from rmm_fences_testing import HostSyncOnFree  # noqa: E402
 
@@ -223,7 +222,7 @@ def report(names, traces) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
-        events = events_of(read_allocation_log(traces / f"{name}.csv.gz"))
+        events = log_events(traces, name)
         lines.extend(row(name, way, replay(events)) for way, replay in WAYS)
     return lines
 

@@ -13,7 +13,7 @@ from helpers.scripts import load_script
 
 
 def _events(tool, name):
-    return tool.events_of(tool.read_allocation_log(tool.TRACES / f"{name}.csv.gz"))
+    return tool.log_events(tool.TRACES, name)
 
 
 def test_the_cub_loop_records_almost_no_event_and_one_batch_per_free_records_one_per_free():

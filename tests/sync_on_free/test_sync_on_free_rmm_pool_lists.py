@@ -19,7 +19,7 @@ def tool():
 
 
 def _events(tool, name):
-    return tool.events_of(tool.read_allocation_log(tool.TRACES / f"{name}.csv.gz"))
+    return tool.log_events(tool.TRACES, name)
 
 
 def test_a_free_list_coalesces_within_a_chunk_and_takes_the_best_fit(tool):
