@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import pathlib
 import sys
 
@@ -184,9 +185,12 @@ def under_sync_on_free(events, release_on_free_stream: bool = False) -> RmmPoolM
 
 
 WAYS = (
-    ("rmm's pool", lambda ev: alone(ev)),
-    ("under SyncOnFree", lambda ev: under_sync_on_free(ev)),
-    ("released on the freeing stream", lambda ev: under_sync_on_free(ev, True)),
+    ("rmm's pool", alone),
+    ("under SyncOnFree", under_sync_on_free),
+    (
+        "released on the freeing stream",
+        functools.partial(under_sync_on_free, release_on_free_stream=True),
+    ),
 )
 
 
