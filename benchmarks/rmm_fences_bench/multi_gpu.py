@@ -45,13 +45,10 @@ def chain_setup(name: str) -> tuple[dict, str | None]:
     return dict(entry.get("cluster", {})), entry.get("spec")
 
 
-def worker_preloads(numpy_module=None) -> list[str]:
-    """The ``preload`` of a LocalCUDACluster here: the ``numpy.row_stack`` alias
-    (``row_stack_alias.py``) where numpy lacks it, else nothing."""
-    if numpy_module is None:
-        numpy_module = np
-    if hasattr(numpy_module, "row_stack"):
-        return []
+def worker_preloads() -> list[str]:
+    """The ``preload`` of a LocalCUDACluster here: ``row_stack_alias.py``, which gives numpy
+    ``row_stack`` where it lacks it. Always: each worker is a new process, so what numpy holds in
+    this one (which may have made the alias itself) says nothing of the workers'."""
     return [str(pathlib.Path(__file__).with_name("row_stack_alias.py"))]
 
 

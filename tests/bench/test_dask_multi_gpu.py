@@ -4,8 +4,8 @@ the tables' formulas, the host-side checks, the chains and the report. The bench
 benchmarks/dask_multi_gpu.py, runs on a machine with several GPUs (docs/dask.md)."""
 
 import json
+import pathlib
 import runpy
-import types
 
 import numpy as np
 import pandas as pd
@@ -99,13 +99,26 @@ def test_the_script_defaults_and_refusals():
         script.parser().parse_args(["--chain", "cuda"])
 
 
-def test_workers_get_the_row_stack_alias_only_where_numpy_lacks_it(monkeypatch):
+def test_every_worker_preloads_the_row_stack_alias_whatever_this_process_holds(monkeypatch):
     """On numpy 2.5 a Dask-CUDA worker where cuDF is installed fails to start without
-    ``numpy.row_stack`` (numba-cuda <= 0.30.4 registers it): the benchmark's cluster preloads
-    a file that makes the alias, and only where numpy lacks it."""
-    assert M.worker_preloads(types.SimpleNamespace(row_stack=np.vstack)) == []
-    (path,) = M.worker_preloads(types.SimpleNamespace())
-    monkeypatch.delattr(np, "row_stack", raising=False)
+    ``numpy.row_stack`` (numba-cuda <= 0.30.4 registers it). The benchmark makes the alias in its
+    own process before it starts the cluster, and a worker is a new process whose numpy lacks it
+    again, so the preload cannot depend on this process's numpy (a run on the GPU host, whose
+    numpy is 2.5, had every worker fail to start when it did)."""
+    alias = str(pathlib.Path(M.__file__).with_name("row_stack_alias.py"))
+    monkeypatch.setattr(np, "row_stack", np.vstack, raising=False)  # as after the alias here
+    assert M.worker_preloads() == [alias]
+    monkeypatch.delattr(np, "row_stack")
+    assert M.worker_preloads() == [alias]
+
+
+def test_the_row_stack_alias_only_adds_what_numpy_lacks(monkeypatch):
+    (path,) = M.worker_preloads()
+    own = object()
+    monkeypatch.setattr(np, "row_stack", own, raising=False)
+    runpy.run_path(path)
+    assert np.row_stack is own  # a numpy that has it keeps its own
+    monkeypatch.delattr(np, "row_stack")
     try:
         runpy.run_path(path)
         assert np.row_stack is np.vstack
